@@ -1,0 +1,63 @@
+"""The interface every sandbox backend implements.
+
+A backend is mechanism: it turns a ``Policy`` into a running process. Whether
+it is *enforced* is never taken from configuration: ``stockade.sandbox.probe``
+runs a real jail that tries to escape and reports what the kernel did.
+
+Must not import runner, workspace, store or cli.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import IO, ClassVar, Protocol
+
+from stockade.sandbox.policy import Policy
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a backend can run on this machine, and if not, why (actionable)."""
+
+    available: bool
+    reason: str = ""
+
+
+class Running(Protocol):
+    """A started jail. The runner owns timeouts and cancellation through this."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait up to ``timeout`` seconds; return the exit status or ``None``.
+
+        A negative status ``-N`` means killed by signal N.
+        """
+        ...
+
+    def kill(self, grace: float = 2.0) -> None:
+        """End the whole jail: SIGTERM to its process group, then SIGKILL after ``grace``."""
+        ...
+
+
+class Backend(abc.ABC):
+    """One way of running a policy. Subclasses are stateless apart from caches."""
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def availability(self) -> Availability:
+        """Cheap check (binaries, kernel features); does not prove enforcement."""
+
+    @abc.abstractmethod
+    def limitations(self) -> tuple[str, ...]:
+        """Human sentences naming what this backend does not isolate."""
+
+    @abc.abstractmethod
+    def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:
+        """Start ``policy.argv`` in a jail; stdin is always ``/dev/null``."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release helpers (a fork server, a proxy); called once at run end."""

@@ -1,0 +1,71 @@
+"""The sandbox policy: what one step item may read, write, reach and see.
+
+Policy is data. Backends (bwrap, landlock, sandbox-exec, none) are mechanism:
+they turn a ``Policy`` into a launch and report what the kernel enforced.
+
+Imports nothing from the rest of the package but ``errors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+#: The only host variables a step's environment is built from (besides its own
+#: ``env`` and the secrets it lists). HOME and TMPDIR are set by the backend to
+#: places inside the jail.
+ENV_ALLOWLIST: tuple[str, ...] = ("PATH", "HOME", "TERM", "LANG", "LC_ALL", "TZ", "SHELL", "TMPDIR")
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Per-item rlimits; ``None`` means "not limited"."""
+
+    memory_bytes: int | None = None
+    cpu_seconds: int | None = None
+    processes: int | None = None
+    file_size_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class ExtraMount:
+    """A host path made visible in the jail, read-only unless ``writable``.
+
+    ``target`` is where it appears inside the jail; backends without a mount
+    namespace (landlock, none) can only show it at its host path, so they
+    require ``target == str(source)``.
+    """
+
+    source: Path
+    target: str
+    writable: bool = False
+
+
+NetworkMode = Literal["none", "proxy", "open"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Everything a backend needs to start one attempt of one item.
+
+    ``work_dir`` is the only writable host directory and the process's cwd.
+    ``scratch_dir`` is a private host directory the backend may use for HOME
+    and TMPDIR when it cannot mount a private tmpfs (it is never under
+    ``work_dir`` and never under the engine's ``meta/``).
+    ``env`` is the complete environment minus HOME and TMPDIR: already built
+    from the allowlist, the step's ``env`` and its secrets. Nothing else of
+    the host environment may reach the process.
+    """
+
+    argv: tuple[str, ...]
+    work_dir: Path
+    scratch_dir: Path
+    env: Mapping[str, str]
+    mounts: tuple[ExtraMount, ...] = ()
+    network: NetworkMode = "none"
+    #: For ``network == "proxy"``: a host unix socket of the egress proxy; the
+    #: backend makes it reachable in the jail and sets HTTP(S)_PROXY/ALL_PROXY.
+    proxy_socket: Path | None = None
+    resources: Resources = field(default_factory=Resources)

@@ -1,0 +1,114 @@
+"""The workflow format of DESIGN.md as pydantic models (``extra="forbid"``).
+
+Template strings stay strings here; ``stockade.spec.validate`` compiles and
+checks them through ``stockade.expr``. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+ID_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
+Ident = Annotated[str, StringConstraints(pattern=ID_PATTERN, max_length=64)]
+SecretName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+#: A size such as 512, "512M", "2G" (bytes when bare).
+Size = Annotated[int | str, Field(union_mode="left_to_right")]
+
+TOOL_NAMES = ("read_file", "list_dir", "create_file", "apply_patch")
+STEP_KINDS = ("run", "agent", "keep", "publish")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class SandboxSettings(_Strict):
+    require: bool = False
+
+
+class Resources(_Strict):
+    memory: Size | None = None
+    cpu_seconds: Annotated[int, Field(gt=0)] | None = None
+    processes: Annotated[int, Field(gt=0)] | None = None
+    file_size: Size | None = None
+
+
+class Agent(_Strict):
+    model: Annotated[str, StringConstraints(pattern=r"^(openai|anthropic)/.+$")] = Field(
+        default="openai/gpt-4.1-mini",
+        description="provider/model: openai (chat completions, any compatible server) or anthropic (messages)",
+    )
+    prompt: Annotated[str, StringConstraints(min_length=1)]
+    tools: list[Literal["read_file", "list_dir", "create_file", "apply_patch"]] = Field(
+        default_factory=lambda: ["read_file", "list_dir"]
+    )
+    writes: list[Annotated[str, StringConstraints(min_length=1)]] = Field(
+        default_factory=lambda: ["out/**"]
+    )
+    max_turns: Annotated[int, Field(gt=0, le=1000)] = 20
+    approve: Literal["auto", "ask"] = "auto"
+
+
+class Publish(_Strict):
+    to: Annotated[str, StringConstraints(min_length=1)]
+    key: Annotated[str, StringConstraints(min_length=1)]
+    payload: Any
+    lease: Ident | None = None
+    lease_ttl: Annotated[float, Field(gt=0)] = 300
+    max_age: Annotated[float, Field(gt=0)] = 86400
+
+
+NetworkHost = Annotated[str, StringConstraints(pattern=r"^(\*\.)?[A-Za-z0-9.-]+(:[0-9]{1,5})?$")]
+
+
+class Step(_Strict):
+    id: Ident
+    needs: list[Ident] = Field(default_factory=list)
+    for_each: Any = None
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    env: dict[EnvName, Any] = Field(default_factory=dict)
+    secrets: list[SecretName] = Field(default_factory=list)
+    timeout: Annotated[float, Field(gt=0)] | None = None
+    retries: Annotated[int, Field(ge=0, le=100)] = 0
+    network: Literal["none", "open"] | list[NetworkHost] = "none"
+    resources: Resources = Field(default_factory=Resources)
+    isolate: bool = True
+    run: Annotated[str, StringConstraints(min_length=1)] | None = None
+    agent: Agent | None = None
+    keep: Any = None
+    publish: Publish | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Step:
+        kinds = [k for k in STEP_KINDS if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(
+                "a step needs exactly one of run:, agent:, keep:, publish:"
+                + (f" (found {', '.join(kinds)})" if kinds else "")
+            )
+        if self.keep is not None and self.for_each is None:
+            raise ValueError("keep: decides over items, so the step needs for_each:")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in STEP_KINDS if getattr(self, k) is not None)
+
+
+class Workflow(_Strict):
+    name: Annotated[str, StringConstraints(pattern=ID_PATTERN, max_length=64)]
+    vars: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], Any] = Field(
+        default_factory=dict
+    )
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    secrets: list[SecretName] = Field(default_factory=list)
+    steps: Annotated[list[Step], Field(min_length=1)]
+
+    def step(self, step_id: str) -> Step:
+        for s in self.steps:
+            if s.id == step_id:
+                return s
+        raise KeyError(step_id)
