@@ -1,0 +1,298 @@
+"""Artifacts: files an item wrote under ``out/``, hashed, owned by one run.
+
+An ``Artifact`` is how an output travels downstream. Consuming one checks that
+it was made by the consuming run (``StaleOutput`` otherwise) and that its bytes
+still hash to what was recorded (``TamperedArtifact`` otherwise). mtime is never
+consulted.
+
+Host inputs (``file()``, ``tree()``) are fingerprinted when the run starts and
+checked again when they are copied into a jail.
+
+Must not import the runner, the sandbox or the CLI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stockade.errors import StaleOutput, TamperedArtifact, UserError
+
+CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> tuple[str, int]:
+    """Hash a regular file without following a symlink at ``path``."""
+    h = hashlib.sha256()
+    size = 0
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """An output of one item attempt, as seen by a consumer in ``consumer_run``."""
+
+    run_id: str
+    step: str
+    item: int
+    attempt: int
+    name: str
+    sha256: str
+    size: int
+    path: Path = field(compare=False)
+    consumer_run: str = field(default="", compare=False)
+
+    def read_bytes(self) -> bytes:
+        if self.consumer_run and self.run_id != self.consumer_run:
+            raise StaleOutput(
+                f"refusing to read {self.step}/{self.item}:out/{self.name}: it was produced by run "
+                f"{self.run_id}, not by this run ({self.consumer_run})"
+            )
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise TamperedArtifact(f"artifact {self.describe()} is unreadable: {exc.strerror}") from None
+        with os.fdopen(fd, "rb") as f:
+            data = f.read()
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != self.sha256:
+            raise TamperedArtifact(
+                f"artifact {self.describe()} changed after it was recorded: "
+                f"sha256 {digest[:12]} != recorded {self.sha256[:12]}"
+            )
+        return data
+
+    def read_text(self) -> str:
+        return self.read_bytes().decode("utf-8", errors="replace")
+
+    def __str__(self) -> str:
+        return self.read_text()
+
+    def describe(self) -> str:
+        return f"{self.step}/{self.item}:out/{self.name} (run {self.run_id}, attempt {self.attempt})"
+
+    def ref(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id, "step": self.step, "item": self.item,
+            "attempt": self.attempt, "name": self.name, "sha256": self.sha256, "size": self.size,
+        }
+
+    def __stockade_json__(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"$artifact": self.ref()}
+        if self.size <= 1 << 20:
+            data = self.read_bytes()
+            try:
+                out["text"] = data.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        return out
+
+
+@dataclass(frozen=True)
+class HostFile:
+    """A file next to the workflow, fingerprinted at run start."""
+
+    rel: str
+    path: Path
+    sha256: str
+
+    def read_bytes(self) -> bytes:
+        data = self.path.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != self.sha256:
+            raise TamperedArtifact(
+                f"host file {self.rel} changed since the run started "
+                f"(sha256 {digest[:12]} != {self.sha256[:12]})"
+            )
+        return data
+
+    def read_text(self) -> str:
+        return self.read_bytes().decode("utf-8", errors="replace")
+
+    def __str__(self) -> str:
+        return self.read_text()
+
+    def __stockade_json__(self) -> dict[str, Any]:
+        return {"$file": self.rel, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class HostTree:
+    """The git-tracked files of a host checkout, fingerprinted at run start."""
+
+    rel: str
+    path: Path
+    files: tuple[tuple[str, str], ...]  # (relative path, sha256)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(json.dumps(self.files).encode()).hexdigest()
+
+    def __stockade_json__(self) -> dict[str, Any]:
+        return {"$tree": self.rel, "sha256": self.sha256}
+
+
+def resolve_host_path(base: Path, rel: str) -> Path:
+    """Resolve ``rel`` against the workflow folder; it must stay inside it."""
+    target = (base / rel).resolve()
+    root = base.resolve()
+    if target != root and root not in target.parents:
+        raise UserError(f"{rel!r} resolves outside the workflow's folder ({root})")
+    return target
+
+
+def host_file(base: Path, rel: str) -> HostFile:
+    path = resolve_host_path(base, rel)
+    if not path.is_file():
+        raise UserError(f"file({rel!r}): no such file next to the workflow ({path})")
+    digest, _ = sha256_file(path)
+    return HostFile(rel, path, digest)
+
+
+def host_tree(base: Path, rel: str) -> HostTree:
+    path = resolve_host_path(base, rel)
+    if not path.is_dir():
+        raise UserError(f"tree({rel!r}): no such directory next to the workflow ({path})")
+    try:
+        listed = subprocess.run(
+            ["git", "-C", str(path), "ls-files", "-z", "--cached"],
+            check=True, capture_output=True,
+        ).stdout
+    except FileNotFoundError:
+        raise UserError("tree() needs git: install it (apt-get install git)") from None
+    except subprocess.CalledProcessError as exc:
+        raise UserError(f"tree({rel!r}): not a git checkout: {exc.stderr.decode().strip()}") from None
+    files = []
+    for name in sorted(n for n in listed.decode().split("\0") if n):
+        p = path / name
+        if p.is_symlink() or not p.is_file():
+            continue
+        files.append((name, sha256_file(p)[0]))
+    return HostTree(rel, path, tuple(files))
+
+
+# -- outputs -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    sha256: str
+    size: int
+
+
+class OutputRefused(Exception):
+    """``out/`` holds something the engine will not hand downstream."""
+
+
+def collect_outputs(out_dir: Path) -> list[Output]:
+    """Hash every regular file under ``out/``; refuse symlinks and special files.
+
+    Nothing is followed: a symlink to a host file must never make the engine
+    copy that file into the next jail.
+    """
+    found: list[Output] = []
+    bad: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(out_dir, followlinks=False):
+        for name in sorted(dirnames):
+            p = Path(dirpath) / name
+            if p.is_symlink():
+                bad.append(f"{p.relative_to(out_dir)} (symlink)")
+        dirnames[:] = sorted(d for d in dirnames if not (Path(dirpath) / d).is_symlink())
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            rel = p.relative_to(out_dir).as_posix()
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                bad.append(f"{rel} (symlink)")
+            elif not stat.S_ISREG(st.st_mode):
+                bad.append(f"{rel} (special file)")
+            elif st.st_nlink > 1:
+                bad.append(f"{rel} (hard link)")
+            else:
+                digest, size = sha256_file(p)
+                found.append(Output(rel, digest, size))
+    if bad:
+        raise OutputRefused("out/ may hold only regular files; refused: " + ", ".join(sorted(bad)))
+    return found
+
+
+# -- inputs ------------------------------------------------------------------
+
+
+def check_input_name(name: str) -> str:
+    norm = os.path.normpath(name)
+    if not name or name.startswith("/") or norm.startswith("..") or norm in (".", "out") \
+            or norm.startswith("out/"):
+        raise UserError(f"input name {name!r} must be a relative path inside work/, not under out/")
+    return norm
+
+
+def to_json_value(value: Any) -> Any:
+    """Turn rendered values (possibly holding artifacts) into plain JSON values."""
+    hook = getattr(value, "__stockade_json__", None)
+    if hook is not None:
+        return hook()
+    if isinstance(value, dict):
+        return {str(k): to_json_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json_value(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Materialised:
+    name: str
+    sha256: str
+    size: int
+    source: dict[str, Any]
+
+
+def materialise(work: Path, name: str, value: Any, run_id: str) -> Materialised:
+    """Write one declared input into ``work/``; the only way anything enters a jail."""
+    name = check_input_name(name)
+    dest = work / name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    source: dict[str, Any]
+    if isinstance(value, Artifact):
+        if value.run_id != run_id:
+            raise StaleOutput(
+                f"input {name!r}: artifact {value.describe()} was produced by run {value.run_id}, "
+                f"not by this run ({run_id})"
+            )
+        data = value.read_bytes()
+        source = {"kind": "artifact", **value.ref()}
+    elif isinstance(value, HostFile):
+        data = value.read_bytes()
+        source = {"kind": "file", "path": value.rel}
+    elif isinstance(value, HostTree):
+        dest.mkdir(parents=True, exist_ok=True)
+        for rel, digest in value.files:
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(value.path / rel, target, follow_symlinks=False)
+            if sha256_file(target)[0] != digest:
+                raise TamperedArtifact(f"tree({value.rel!r}): {rel} changed since the run started")
+        return Materialised(name, value.sha256, len(value.files), {"kind": "tree", "path": value.rel})
+    elif isinstance(value, str):
+        data = value.encode("utf-8")
+        source = {"kind": "text"}
+    else:
+        data = json.dumps(to_json_value(value), ensure_ascii=False, sort_keys=True).encode("utf-8")
+        source = {"kind": "json"}
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return Materialised(name, hashlib.sha256(data).hexdigest(), len(data), source)

@@ -1,0 +1,130 @@
+"""The directory layout of a run (DESIGN.md, "Directory layout").
+
+::
+
+    <root>/runs/<run_id>/manifest.json
+    <root>/runs/<run_id>/<step>/<item>/work/        the attempt's whole writable world
+    <root>/runs/<run_id>/<step>/<item>/work/out/    what it hands downstream
+    <root>/runs/<run_id>/<step>/<item>/meta/        engine-owned, never mounted
+        attempts/<n>/{stdout,stderr,status.json,provenance.json,work/}
+        completion.json
+    <root>/runs/<run_id>/.scratch/<step>/<item>/    HOME/TMPDIR for backends without a tmpfs
+
+Every attempt gets a freshly created ``work/``: the previous attempt's tree is
+moved to ``meta/attempts/<n>/work`` first, so a retry never sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stockade.errors import UserError
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write through a temp file and rename, so readers see old or new, never half."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, value: Any) -> None:
+    atomic_write(path, (json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode())
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class RunDir:
+    root: Path
+    run_id: str
+
+    @property
+    def path(self) -> Path:
+        return self.root / "runs" / self.run_id
+
+    @property
+    def manifest(self) -> Path:
+        return self.path / "manifest.json"
+
+    def create(self) -> None:
+        """Create the run directory; an existing one is refused, never reused."""
+        (self.root / "runs").mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir()
+        except FileExistsError:
+            raise UserError(
+                f"run id {self.run_id!r} is taken: {self.path} exists; run ids are never reused"
+            ) from None
+
+    def item(self, step: str, index: int) -> ItemDir:
+        return ItemDir(self.path / step / str(index), self.path / ".scratch" / step / str(index))
+
+
+@dataclass(frozen=True)
+class ItemDir:
+    path: Path
+    scratch: Path
+
+    @property
+    def work(self) -> Path:
+        return self.path / "work"
+
+    @property
+    def out(self) -> Path:
+        return self.work / "out"
+
+    @property
+    def meta(self) -> Path:
+        return self.path / "meta"
+
+    @property
+    def completion(self) -> Path:
+        return self.meta / "completion.json"
+
+    def attempt_dir(self, n: int) -> Path:
+        return self.meta / "attempts" / str(n)
+
+    def last_attempt(self) -> int:
+        """The highest attempt number recorded on disk (0 if none)."""
+        try:
+            names = os.listdir(self.meta / "attempts")
+        except FileNotFoundError:
+            return 0
+        return max((int(n) for n in names if n.isdigit()), default=0)
+
+    def begin_attempt(self) -> int:
+        """Start a new attempt: retire the old ``work/``, create a fresh one.
+
+        Returns the new attempt number (from 1). The retired tree lands in the
+        previous attempt's meta folder, outside every jail.
+        """
+        previous = self.last_attempt()
+        n = previous + 1
+        if self.work.exists() or self.work.is_symlink():
+            if previous:
+                dest = self.attempt_dir(previous) / "work"
+                if dest.exists():
+                    shutil.rmtree(dest)
+                self.attempt_dir(previous).mkdir(parents=True, exist_ok=True)
+                os.replace(self.work, dest)
+            else:
+                shutil.rmtree(self.work)
+        self.attempt_dir(n).mkdir(parents=True)
+        self.work.mkdir(parents=True)
+        self.out.mkdir()
+        if self.scratch.exists():
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        self.scratch.mkdir(parents=True)
+        return n
+
+    def end_attempt(self) -> None:
+        shutil.rmtree(self.scratch, ignore_errors=True)

@@ -1,0 +1,157 @@
+"""Run ids, the attempt layout, output collection and input materialisation."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from stockade.errors import StaleOutput, TamperedArtifact, UserError
+from stockade.workspace.artifacts import (
+    Artifact,
+    OutputRefused,
+    collect_outputs,
+    materialise,
+)
+from stockade.workspace.ids import check_run_id, uuid7
+from stockade.workspace.layout import RunDir
+
+
+def test_uuid7_is_version_7_and_time_ordered() -> None:
+    a = uuid7(now=lambda: 1000.0)
+    b = uuid7(now=lambda: 1000.001)
+    assert uuid.UUID(a).version == 7
+    assert uuid.UUID(a).variant == uuid.RFC_4122
+    assert a < b
+
+
+@pytest.mark.parametrize(
+    ("run_id", "ok"),
+    [
+        ("nightly-2026-09-14", True),
+        ("a", True),
+        ("A.b_c-1", True),
+        ("x" * 128, True),
+        ("x" * 129, False),
+        (".hidden", False),
+        ("-flag", False),
+        ("", False),
+        ("a/b", False),
+        ("..", False),
+        ("a b", False),
+        ("é", False),
+        ("a\nb", False),
+    ],
+)
+def test_run_id_rules(run_id: str, ok: bool) -> None:
+    if ok:
+        assert check_run_id(run_id) == run_id
+    else:
+        with pytest.raises(UserError, match="invalid run id"):
+            check_run_id(run_id)
+
+
+def test_run_dir_is_never_reused(tmp_path: Path) -> None:
+    RunDir(tmp_path, "r1").create()
+    with pytest.raises(UserError, match="never reused"):
+        RunDir(tmp_path, "r1").create()
+
+
+def test_retry_gets_a_fresh_work_dir_and_the_old_one_moves_to_meta(tmp_path: Path) -> None:
+    idir = RunDir(tmp_path, "r").item("s", 0)
+    assert idir.begin_attempt() == 1
+    (idir.out / "report.json").write_text("from attempt 1")
+    (idir.work / "scratch.txt").write_text("left behind")
+    assert idir.begin_attempt() == 2
+    assert sorted(os.listdir(idir.work)) == ["out"]
+    assert os.listdir(idir.out) == []
+    old = idir.attempt_dir(1) / "work"
+    assert (old / "out" / "report.json").read_text() == "from attempt 1"
+    assert (old / "scratch.txt").exists()
+
+
+def _write(p: Path, data: bytes) -> None:
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+
+
+def test_collect_outputs_hashes_regular_files(tmp_path: Path) -> None:
+    _write(tmp_path / "a.txt", b"hello")
+    _write(tmp_path / "sub" / "b.bin", b"\x00\x01")
+    got = {o.name: (o.sha256, o.size) for o in collect_outputs(tmp_path)}
+    assert got == {
+        "a.txt": (hashlib.sha256(b"hello").hexdigest(), 5),
+        "sub/b.bin": (hashlib.sha256(b"\x00\x01").hexdigest(), 2),
+    }
+
+
+@pytest.mark.parametrize("kind", ["symlink", "dirlink", "fifo", "hardlink"])
+def test_collect_outputs_refuses_links_and_special_files(tmp_path: Path, kind: str) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    host = tmp_path / "host-secret"
+    host.write_text("secret")
+    if kind == "symlink":
+        (out / "x").symlink_to(host)
+    elif kind == "dirlink":
+        (out / "d").symlink_to(tmp_path)
+    elif kind == "fifo":
+        os.mkfifo(out / "x")
+    else:
+        os.link(host, out / "x")
+    with pytest.raises(OutputRefused, match="refused"):
+        collect_outputs(out)
+
+
+def _artifact(tmp_path: Path, run_id: str, data: bytes, consumer: str = "") -> Artifact:
+    p = tmp_path / "out" / "report.json"
+    _write(p, data)
+    return Artifact(run_id, "gather", 0, 1, "report.json", hashlib.sha256(data).hexdigest(),
+                    len(data), p, consumer)
+
+
+def test_materialise_copies_an_artifact_of_this_run(tmp_path: Path) -> None:
+    art = _artifact(tmp_path, "run-b", b'{"rows": 3}')
+    work = tmp_path / "work"
+    work.mkdir()
+    m = materialise(work, "report.json", art, "run-b")
+    assert (work / "report.json").read_bytes() == b'{"rows": 3}'
+    assert m.source["run_id"] == "run-b"
+
+
+def test_cross_run_artifact_read_fails_loudly(tmp_path: Path) -> None:
+    art = _artifact(tmp_path, "run-a", b'{"rows": 3}')
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(StaleOutput, match="run-a"):
+        materialise(work, "report.json", art, "run-b")
+    assert not (work / "report.json").exists()
+    with pytest.raises(StaleOutput):
+        _artifact(tmp_path, "run-a", b"x", consumer="run-b").read_text()
+
+
+def test_tampered_artifact_is_an_error(tmp_path: Path) -> None:
+    art = _artifact(tmp_path, "run-b", b'{"rows": 3}')
+    art.path.write_bytes(b'{"rows": 4}')
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(TamperedArtifact, match="changed"):
+        materialise(work, "report.json", art, "run-b")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("text", b"text"), ({"a": 1}, b'{"a": 1}'), ([1, 2], b"[1, 2]"), (3, b"3"), (None, b"null")],
+)
+def test_materialise_text_and_json(tmp_path: Path, value: object, expected: bytes) -> None:
+    materialise(tmp_path, "v", value, "r")
+    assert (tmp_path / "v").read_bytes() == expected
+
+
+@pytest.mark.parametrize("name", ["/etc/x", "../x", "a/../../x", "out/x", "out", ""])
+def test_input_names_stay_inside_work_and_outside_out(tmp_path: Path, name: str) -> None:
+    with pytest.raises(UserError):
+        materialise(tmp_path, name, "x", "r")
