@@ -1,0 +1,244 @@
+"""The ``stockade`` command line.
+
+Every user mistake ends as one actionable message and exit 2, never a
+traceback; a failed step exits 1; an interrupt exits 130. Heavy modules are
+imported inside commands so that ``stockade run`` starts its first item fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from stockade.errors import InfraError, StaleOutput, StockadeError, TamperedArtifact, UserError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> None:
+    click.echo(message.rstrip("\n"), err=True)
+    sys.exit(code)
+
+
+def friendly(fn: F) -> F:
+    """Translate engine errors at the boundary into a message and an exit code."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as exc:
+            _fail(str(exc))
+        except (StaleOutput, TamperedArtifact) as exc:
+            _fail(f"error: {exc}")
+        except InfraError as exc:
+            _fail(f"error: {exc}")
+        except StockadeError as exc:
+            _fail(f"error: {exc}")
+        except KeyboardInterrupt:
+            _fail("interrupted", EXIT_INTERRUPTED)
+        except BrokenPipeError:
+            sys.exit(EXIT_OK)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _root(root: str | None) -> Path:
+    from stockade.runner.session import default_root
+
+    return Path(root) if root else default_root(os.environ)
+
+
+root_option = click.option("--root", type=click.Path(file_okay=False), default=None,
+                           help="runs folder (default: $STOCKADE_HOME or ./.stockade)")
+json_option = click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="stockade")
+def cli() -> None:
+    """Run workflows of shell and AI-agent steps in jails, with provenance."""
+
+
+# -- run / resume ---------------------------------------------------------------
+
+
+def _parse_vars(pairs: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UserError(f"--var {pair!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def _reporter(as_json: bool) -> Any:
+    from stockade.cli.progress import LiveReporter, PlainReporter
+
+    if not as_json and sys.stderr.isatty() and os.environ.get("TERM") != "dumb":
+        return LiveReporter()
+    return PlainReporter(quiet=False)
+
+
+def _finish(result: Any, as_json: bool, t0: float) -> None:
+    s = result.summary
+    if as_json:
+        click.echo(json.dumps({
+            "run_id": result.run_id, "status": s.status, "run_dir": str(result.run_path),
+            "sandbox": {"backend": result.sandbox.backend.name, "enforced": result.sandbox.enforced},
+            "steps": s.steps, "items": s.items, "problems": list(s.messages),
+        }, indent=2, sort_keys=True))
+    else:
+        for m in s.messages[:20]:
+            click.echo(f"  {m}", err=True)
+        if len(s.messages) > 20:
+            click.echo(f"  ... and {len(s.messages) - 20} more (stockade show {result.run_id})", err=True)
+        total = sum(sum(c.values()) for c in s.items.values())
+        click.echo(f"run {result.run_id} {s.status} in {time.monotonic() - t0:.1f}s "
+                   f"({total} items); details: stockade show {result.run_id}", err=True)
+    sys.exit({"succeeded": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(s.status, EXIT_FAILED))
+
+
+def _announce(as_json: bool) -> Callable[[str, Path, Any], None]:
+    def on_start(run_id: str, path: Path, choice: Any) -> None:
+        if not as_json:
+            click.echo(f"run {run_id} in {path}", err=True)
+        click.echo(choice.line, err=True)
+
+    return on_start
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--run-id", default=None, help="an id chosen by an external scheduler (never reused)")
+@click.option("--var", "vars_", multiple=True, metavar="K=V", help="override a declared var")
+@click.option("--jobs", "-j", type=click.IntRange(1, 256), default=2, show_default=True)
+@root_option
+@click.option("--require-sandbox", is_flag=True, help="refuse to start unless the sandbox is enforced")
+@click.option("--sandbox", "sandbox_name", default=None, envvar="STOCKADE_SANDBOX",
+              help="backend: bwrap, landlock, sandbox-exec or none (default: best available)")
+@click.option("--store", "store_url", default=None, envvar="STOCKADE_STORE",
+              help="run store: a PostgreSQL URL (default: SQLite in the root)")
+@json_option
+@friendly
+def run(file: Path, run_id: str | None, vars_: tuple[str, ...], jobs: int, root: str | None,
+        require_sandbox: bool, sandbox_name: str | None, store_url: str | None, as_json: bool) -> None:
+    """Start a run of FILE and execute it."""
+    from stockade.runner.session import RunOptions, start_run
+
+    t0 = time.monotonic()
+    opts = RunOptions(root=_root(root), jobs=jobs, run_id=run_id, overrides=_parse_vars(vars_),
+                      sandbox=sandbox_name, require_sandbox=require_sandbox, store_url=store_url)
+    reporter = _reporter(as_json)
+    reporter.start()
+    try:
+        result = start_run(file, opts, reporter, on_start=_announce(as_json),
+                           interactive=sys.stdin.isatty())
+    finally:
+        reporter.stop()
+    _finish(result, as_json, t0)
+
+
+@cli.command()
+@click.argument("run_id")
+@root_option
+@click.option("--jobs", "-j", type=click.IntRange(1, 256), default=2, show_default=True)
+@click.option("--sandbox", "sandbox_name", default=None, envvar="STOCKADE_SANDBOX")
+@click.option("--store", "store_url", default=None, envvar="STOCKADE_STORE")
+@click.option("--allow-stale", is_flag=True, help="let a run older than its window publish")
+@json_option
+@friendly
+def resume(run_id: str, root: str | None, jobs: int, sandbox_name: str | None,
+           store_url: str | None, allow_stale: bool, as_json: bool) -> None:
+    """Continue an interrupted or crashed run; verified items are kept."""
+    from stockade.runner.session import RunOptions, resume_run
+
+    t0 = time.monotonic()
+    opts = RunOptions(root=_root(root), jobs=jobs, sandbox=sandbox_name, store_url=store_url,
+                      allow_stale=allow_stale)
+    reporter = _reporter(as_json)
+    reporter.start()
+    try:
+        result = resume_run(run_id, opts, reporter, on_start=_announce(as_json),
+                            interactive=sys.stdin.isatty())
+    finally:
+        reporter.stop()
+    _finish(result, as_json, t0)
+
+
+# -- static commands ------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@friendly
+def validate(file: Path) -> None:
+    """Check a workflow; print each problem as FILE:LINE:COL: message."""
+    from stockade.plan import build_plan
+    from stockade.runner.session import load_spec
+
+    spec = load_spec(file)
+    build_plan(spec)
+    click.echo(f"{file}: ok ({len(spec.workflow.steps)} steps)")
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@json_option
+@friendly
+def plan(file: Path, as_json: bool) -> None:
+    """Show steps, fan-out and which values flow into which step."""
+    from stockade.plan import build_plan, format_plan, plan_json
+    from stockade.runner.session import load_spec
+
+    spec = load_spec(file)
+    p = build_plan(spec)
+    if as_json:
+        click.echo(json.dumps(plan_json(spec, p), indent=2, sort_keys=True))
+    else:
+        click.echo(format_plan(spec, p))
+
+
+@cli.command()
+def schema() -> None:
+    """Print the JSON Schema of the workflow format (for editors)."""
+    from stockade.spec import json_schema
+
+    click.echo(json.dumps(json_schema(), indent=2))
+
+
+def _register_optional() -> None:
+    """Commands whose modules live with their feature (sandbox, agent, web)."""
+    import importlib
+
+    for module, name in (("stockade.cli.doctor_cmd", "doctor"), ("stockade.cli.apply_cmd", "apply"),
+                         ("stockade.cli.browse", "runs"), ("stockade.cli.browse", "show"),
+                         ("stockade.cli.browse", "logs"), ("stockade.cli.browse", "why"),
+                         ("stockade.web.server", "ui")):
+        try:
+            cmd = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+        cli.add_command(cmd, name)
+
+
+_register_optional()
+
+
+def main() -> None:
+    cli(prog_name="stockade")
+
+
+if __name__ == "__main__":
+    main()

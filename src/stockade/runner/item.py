@@ -1,0 +1,325 @@
+"""One attempt of one item: materialise inputs, start the jail, collect outputs.
+
+Runs in a worker thread. Every ordinary ending is an ``AttemptOutcome`` value;
+only broken infrastructure raises. Must not import the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from stockade.errors import InfraError, StaleOutput, TamperedArtifact, UserError
+from stockade.expr import RenderError, compile_template, render, render_value
+from stockade.runner.env import Masker, build_env
+from stockade.sandbox.base import Backend, Running
+from stockade.sandbox.policy import ExtraMount, Policy, Resources
+from stockade.spec.model import Step
+from stockade.workspace.artifacts import (
+    Materialised,
+    Output,
+    OutputRefused,
+    collect_outputs,
+    materialise,
+    to_json_value,
+)
+from stockade.workspace.layout import ItemDir, write_json
+
+#: Results larger than this are cut in the store (the full stdout stays in meta/).
+MAX_RESULT = 4 << 20
+
+
+@dataclass
+class AttemptOutcome:
+    status: str  # succeeded | failed | errored | fenced
+    attempt: int
+    result: Any = None
+    message: str = ""
+    outputs: list[Output] = field(default_factory=list)
+    exit_code: int | None = None
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    retryable: bool = True
+
+
+@dataclass(frozen=True)
+class AttemptContext:
+    """Everything an attempt needs that is the same for the whole run."""
+
+    run_id: str
+    run_path: Path
+    backend: Backend
+    enforced: bool
+    host_env: Mapping[str, str]
+    secrets_allowed: frozenset[str]
+    clock: Callable[[], float]
+    functions: Mapping[str, Callable[..., Any]]
+    echo: Callable[[str], None]
+    interactive: bool
+    none_backend: Backend
+    cancelled: threading.Event
+    running: dict[tuple[str, int], Running]
+    running_lock: threading.Lock
+
+
+def parse_size(value: int | str | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    s = value.strip().upper().removesuffix("B").removesuffix("I")
+    if s and s[-1] in units:
+        return int(float(s[:-1]) * units[s[-1]])
+    return int(s)
+
+
+def resources_of(step: Step) -> Resources:
+    r = step.resources
+    return Resources(
+        memory_bytes=parse_size(r.memory),
+        cpu_seconds=r.cpu_seconds,
+        processes=r.processes,
+        file_size_bytes=parse_size(r.file_size),
+    )
+
+
+class _Pump(threading.Thread):
+    """Copies a pipe to a file, masking secrets across chunk boundaries."""
+
+    def __init__(self, fd: int, sink: IO[bytes], masker: Masker) -> None:
+        super().__init__(daemon=True)
+        self.fd, self.sink, self.masker = fd, sink, masker
+        self.keep = max(len(v.encode()) for v in masker.values) - 1
+
+    def run(self) -> None:
+        pending = b""
+        with os.fdopen(self.fd, "rb", buffering=0) as src:
+            while chunk := src.read(65536):
+                pending = self.masker.data(pending + chunk)
+                if len(pending) > self.keep:
+                    cut = len(pending) - self.keep
+                    self.sink.write(pending[:cut])
+                    pending = pending[cut:]
+        self.sink.write(self.masker.data(pending))
+        self.sink.flush()
+
+
+def render_inputs(step: Step, ctx: Mapping[str, Any], functions: Mapping[str, Callable[..., Any]]) -> dict[str, Any]:
+    return {name: render_value(value, ctx, functions=functions) for name, value in step.inputs.items()}
+
+
+def run_attempt(
+    ac: AttemptContext,
+    step: Step,
+    index: int,
+    idir: ItemDir,
+    tctx: Mapping[str, Any],
+    *,
+    agent_factory: Callable[..., Any] | None = None,
+) -> AttemptOutcome:
+    """Run one fresh attempt of a ``run:`` or ``agent:`` item."""
+    n = idir.begin_attempt()
+    adir = idir.attempt_dir(n)
+    started = ac.clock()
+    outcome = AttemptOutcome("errored", n, started_at=started)
+    masker = Masker(ac.host_env[s] for s in step.secrets if s in ac.host_env)
+    inputs: list[Materialised] = []
+    try:
+        rendered = render_inputs(step, tctx, ac.functions)
+        for name, value in rendered.items():
+            inputs.append(materialise(idir.work, name, value, ac.run_id))
+        step_env = {
+            k: v if isinstance(v, str) else str(to_json_value(v))
+            for k, v in render_value(dict(step.env), tctx, functions=ac.functions).items()
+        }
+        env = build_env(
+            ac.host_env,
+            step_env=step_env,
+            secrets=[s for s in step.secrets if s in ac.secrets_allowed],
+            stockade_vars={
+                "STOCKADE_RUN_ID": ac.run_id, "STOCKADE_STEP": step.id,
+                "STOCKADE_ITEM": str(index), "STOCKADE_ATTEMPT": str(n),
+            },
+        )
+        backend = ac.backend if step.isolate else ac.none_backend
+        if step.agent is not None:
+            if agent_factory is None:
+                raise InfraError("agent steps are not available in this build")
+            outcome = agent_factory(ac, step, index, n, idir, adir, tctx, env, backend, masker, started)
+        else:
+            assert step.run is not None
+            command = render(compile_template(step.run), tctx, functions=ac.functions, shell=True)
+            (adir / "command").write_text(masker.text(str(command)) + "\n", encoding="utf-8")
+            policy = Policy(
+                argv=("/bin/sh", "-c", str(command)),
+                work_dir=idir.work,
+                scratch_dir=idir.scratch,
+                env=env,
+                network=network_mode(step),
+                resources=resources_of(step),
+            )
+            code, timed_out = run_jail(ac, backend, policy, step, index, adir, masker)
+            outcome = finish_process(idir, adir, n, started, code, timed_out, step, ac)
+    except (RenderError, UserError, StaleOutput, TamperedArtifact) as exc:
+        msg = getattr(exc, "message", None) or str(exc)
+        outcome = AttemptOutcome("errored", n, message=masker.text(msg), started_at=started,
+                                 retryable=False)
+    except InfraError as exc:
+        outcome = AttemptOutcome("errored", n, message=str(exc), started_at=started)
+    except OSError as exc:
+        outcome = AttemptOutcome("errored", n, message=f"{exc.strerror}: {exc.filename}",
+                                 started_at=started)
+    finally:
+        idir.end_attempt()
+    outcome.ended_at = ac.clock()
+    write_provenance(ac, step, index, adir, outcome, inputs, backend_name(ac, step))
+    return outcome
+
+
+def backend_name(ac: AttemptContext, step: Step) -> str:
+    return ac.backend.name if step.isolate else ac.none_backend.name
+
+
+def network_mode(step: Step) -> str:
+    if step.network == "open":
+        return "open"
+    if isinstance(step.network, list):
+        return "proxy"
+    return "none"
+
+
+def run_jail(
+    ac: AttemptContext,
+    backend: Backend,
+    policy: Policy,
+    step: Step,
+    index: int,
+    adir: Path,
+    masker: Masker,
+    mounts: tuple[ExtraMount, ...] = (),
+) -> tuple[int | None, bool]:
+    """Start the jail, stream its output to ``meta/``, enforce the timeout."""
+    if mounts:
+        policy = Policy(**{**policy.__dict__, "mounts": policy.mounts + mounts})
+    proxy = None
+    if policy.network == "proxy":
+        from stockade.sandbox import EgressProxy  # only steps with an allowlist pay for it
+
+        assert isinstance(step.network, list)
+        proxy = EgressProxy(step.network, adir / "network.jsonl", policy.scratch_dir)
+        proxy.start()
+        policy = Policy(**{**policy.__dict__, "proxy_socket": proxy.socket_path})
+    try:
+        with open(adir / "stdout", "wb") as out, open(adir / "stderr", "wb") as err:
+            pumps: list[_Pump] = []
+            if masker:
+                fds = []
+                for sink in (out, err):
+                    r, w = os.pipe()
+                    pumps.append(_Pump(r, sink, masker))
+                    fds.append(w)
+                stdout: IO[bytes] | int = fds[0]
+                stderr: IO[bytes] | int = fds[1]
+            else:
+                stdout, stderr = out, err
+            if ac.cancelled.is_set():
+                return None, False
+            jail = backend.start(policy, stdout=stdout, stderr=stderr)
+            for p in pumps:
+                p.start()
+            if pumps:
+                os.close(fds[0])
+                os.close(fds[1])
+            with ac.running_lock:
+                ac.running[(step.id, index)] = jail
+            try:
+                code = jail.wait(step.timeout)
+                timed_out = code is None
+                if timed_out:
+                    jail.kill(grace=2.0)
+                    code = jail.wait(10)
+            finally:
+                with ac.running_lock:
+                    ac.running.pop((step.id, index), None)
+            for p in pumps:
+                p.join(30)
+            return code, timed_out
+    finally:
+        if proxy is not None:
+            proxy.close()
+
+
+def read_result(adir: Path) -> str:
+    with open(adir / "stdout", "rb") as f:
+        data = f.read(MAX_RESULT + 1)
+    text = data[:MAX_RESULT].decode("utf-8", errors="replace")
+    return text[:-1] if text.endswith("\n") else text
+
+
+def finish_process(
+    idir: ItemDir,
+    adir: Path,
+    n: int,
+    started: float,
+    code: int | None,
+    timed_out: bool,
+    step: Step,
+    ac: AttemptContext,
+) -> AttemptOutcome:
+    if ac.cancelled.is_set() and (code is None or code != 0):
+        return AttemptOutcome("errored", n, message="interrupted", exit_code=code,
+                              started_at=started, retryable=False)
+    if timed_out:
+        return AttemptOutcome("failed", n, message=f"timed out after {step.timeout:g}s",
+                              exit_code=code, started_at=started)
+    if code != 0:
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit status {code}"
+        return AttemptOutcome("failed", n, message=how, exit_code=code, started_at=started)
+    try:
+        outputs = collect_outputs(idir.out)
+    except OutputRefused as exc:
+        return AttemptOutcome("failed", n, message=str(exc), exit_code=code, started_at=started)
+    return AttemptOutcome("succeeded", n, result=read_result(adir), outputs=outputs,
+                          exit_code=0, started_at=started)
+
+
+def write_provenance(
+    ac: AttemptContext,
+    step: Step,
+    index: int,
+    adir: Path,
+    outcome: AttemptOutcome,
+    inputs: list[Materialised],
+    backend: str,
+) -> None:
+    """The per-attempt record every output's provenance points at."""
+    enforced = ac.enforced and step.isolate
+    record = {
+        "run_id": ac.run_id,
+        "step": step.id,
+        "item": index,
+        "attempt": outcome.attempt,
+        "status": outcome.status,
+        "message": outcome.message,
+        "exit_code": outcome.exit_code,
+        "started_at": outcome.started_at,
+        "ended_at": outcome.ended_at,
+        "sandbox": {"backend": backend, "enforced": enforced, "isolate": step.isolate},
+        "inputs": [
+            {"name": m.name, "sha256": m.sha256, "size": m.size, "source": m.source} for m in inputs
+        ],
+        "outputs": [
+            {
+                "name": o.name, "sha256": o.sha256, "size": o.size, "run_id": ac.run_id,
+                "step": step.id, "item": index, "attempt": outcome.attempt,
+                "sandbox": backend, "enforced": enforced,
+            }
+            for o in outcome.outputs
+        ],
+    }
+    write_json(adir / "provenance.json", record)
