@@ -1,0 +1,34 @@
+# The two Quick start commands: `make example` and `make test`.
+# Both create .venv, install stockade into it and, where the machine allows
+# (root or passwordless sudo with apt-get), the system packages it uses.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: example test lint bench system-packages clean
+
+$(BIN)/stockade: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+system-packages:
+	@sh scripts/install-system-packages.sh
+
+example: $(BIN)/stockade system-packages
+	$(BIN)/stockade doctor
+	$(BIN)/stockade run examples/pipeline/workflow.yaml
+
+test: $(BIN)/stockade system-packages
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(BIN)/stockade
+	$(BIN)/python bench/bench_fanout.py
+
+clean:
+	rm -rf $(VENV) .stockade .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,26 @@
+#!/bin/sh
+# Install what stockade's sandbox and tests use, where this machine allows it:
+# bubblewrap (the bwrap backend), git (tree()), PostgreSQL (the store's and the
+# sinks' tests). Without root or passwordless sudo it only says what is missing.
+set -u
+missing=""
+command -v bwrap >/dev/null 2>&1 || missing="$missing bubblewrap"
+command -v git >/dev/null 2>&1 || missing="$missing git"
+if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  missing="$missing postgresql"
+fi
+[ -z "$missing" ] && exit 0
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "note: install$missing with your package manager for the full sandbox and test suite" >&2
+  exit 0
+fi
+if [ "$(id -u)" = 0 ]; then SUDO=""
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO="sudo -n"
+else
+  echo "note: run 'sudo apt-get install$missing' for the full sandbox and test suite" >&2
+  exit 0
+fi
+echo "installing$missing" >&2
+$SUDO apt-get update -qq >/dev/null 2>&1 || true
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null 2>&1 \
+  || echo "warning: apt-get install$missing failed" >&2
