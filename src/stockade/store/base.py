@@ -16,6 +16,9 @@ from typing import Any
 
 RUN_STATUSES = ("running", "succeeded", "failed", "interrupted", "errored")
 ITEM_STATUSES = ("succeeded", "failed", "errored", "fenced", "skipped")
+#: An effect is claimed before the write and finished as done or fenced after it;
+#: one left "claimed" is ambiguous and is reconciled by asking the sink.
+EFFECT_STATUSES = ("claimed", "done", "fenced")
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,61 @@ class Event:
     id: int = 0
 
 
+@dataclass(frozen=True)
+class Lease:
+    """A lease as the store holds it. ``expires_at`` is on the database's clock.
+
+    ``token`` only grows: it goes up by one whenever the lease changes hands and
+    stays the same while one holder keeps (or re-takes) it.
+    """
+
+    name: str
+    holder: str
+    token: int
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class Effect:
+    """The record of one publish effect, keyed by its idempotency key ``run_id/step/item``."""
+
+    key: str
+    run_id: str
+    step: str
+    item: int
+    attempt: int
+    lease: str
+    sink: str
+    sink_key: str
+    payload_sha256: str
+    status: str = "claimed"
+    token: int | None = None
+    claimed_at: float = 0.0
+    finished_at: float | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class FenceCheck:
+    """The answer of ``advance_fence``: whether ``token`` passed, and the mark after the check."""
+
+    accepted: bool
+    high_water: int
+    holder: str
+
+
+@dataclass(frozen=True)
+class PublishRecord:
+    """The last publish under a lease, kept to notice a flat series across runs."""
+
+    lease: str
+    run_id: str
+    key: str
+    payload_sha256: str
+    input_fingerprint: str
+    at: float
+
+
 class RunExists(Exception):
     """``create_run`` was given a run id the store already has."""
 
@@ -133,6 +191,77 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def events(self, run_id: str, after_id: int = 0) -> list[Event]:
         """Events with ``id > after_id``, oldest first."""
+
+    # -- leases (database clock; ``now`` overrides it in tests only) --------
+
+    @abc.abstractmethod
+    def db_now(self) -> float:
+        """The database's clock, seconds since the epoch."""
+
+    @abc.abstractmethod
+    def acquire_lease(
+        self, name: str, holder: str, ttl: float, *, user: str = "", now: float | None = None
+    ) -> Lease | None:
+        """Take or extend lease ``name`` for ``holder`` until ``now + ttl``.
+
+        Succeeds when the lease is free, expired, or already ``holder``'s; the
+        token grows by one only when the holder changes. ``user`` names one
+        concurrent user inside the holder (an item of a run): the lease is freed
+        by ``release_lease`` only when the holder's last user leaves. Returns
+        None when another holder has it.
+        """
+
+    @abc.abstractmethod
+    def renew_lease(
+        self, name: str, holder: str, token: int, ttl: float, *, now: float | None = None
+    ) -> Lease | None:
+        """Extend an unexpired lease still held with ``token``; None if it was lost."""
+
+    @abc.abstractmethod
+    def release_lease(
+        self, name: str, holder: str, *, user: str = "", now: float | None = None
+    ) -> None:
+        """Drop ``user``; when the holder has no users left the lease expires now.
+
+        The holder and token stay, so the same holder re-taking it keeps its token.
+        """
+
+    @abc.abstractmethod
+    def get_lease(self, name: str) -> Lease | None: ...
+
+    # -- fences kept in the store (directory sinks) --------------------------
+
+    @abc.abstractmethod
+    def advance_fence(self, scope: str, token: int, holder: str) -> FenceCheck:
+        """In one transaction: accept ``token`` if it is >= the high-water mark and raise
+        the mark to it; otherwise refuse and report the mark and who set it."""
+
+    @abc.abstractmethod
+    def get_fence(self, scope: str) -> FenceCheck | None: ...
+
+    # -- publish effects -----------------------------------------------------
+
+    @abc.abstractmethod
+    def claim_effect(self, effect: Effect) -> Effect:
+        """Record ``effect`` as claimed unless one with its key is already done or
+        fenced; return what the store now holds for that key."""
+
+    @abc.abstractmethod
+    def finish_effect(
+        self, key: str, *, status: str, token: int | None, at: float, message: str = ""
+    ) -> None:
+        """Move a claimed effect to ``done`` or ``fenced``."""
+
+    @abc.abstractmethod
+    def get_effect(self, key: str) -> Effect | None: ...
+
+    @abc.abstractmethod
+    def effects(self, run_id: str) -> list[Effect]:
+        """A run's effects ordered by key."""
+
+    @abc.abstractmethod
+    def swap_last_publish(self, record: PublishRecord) -> PublishRecord | None:
+        """Store ``record`` as the lease's last publish; return the one it replaced."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""

@@ -8,14 +8,20 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from stockade.store.base import (
     ArtifactRecord,
     AttemptRecord,
+    Effect,
     Event,
+    FenceCheck,
     ItemRecord,
+    Lease,
+    PublishRecord,
     RunExists,
     RunRecord,
     Store,
@@ -77,7 +83,53 @@ CREATE TABLE IF NOT EXISTS events (
     data TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_run ON events (run_id, id);
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    token INTEGER NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS lease_users (
+    name TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    user TEXT NOT NULL,
+    PRIMARY KEY (name, holder, user)
+);
+CREATE TABLE IF NOT EXISTS fences (
+    scope TEXT PRIMARY KEY,
+    high_water INTEGER NOT NULL,
+    holder TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS effects (
+    key TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    step TEXT NOT NULL,
+    item INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    lease TEXT NOT NULL,
+    sink TEXT NOT NULL,
+    sink_key TEXT NOT NULL,
+    payload_sha256 TEXT NOT NULL,
+    status TEXT NOT NULL,
+    token INTEGER,
+    claimed_at REAL NOT NULL,
+    finished_at REAL,
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS effects_run ON effects (run_id, key);
+CREATE TABLE IF NOT EXISTS last_publish (
+    lease TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    payload_sha256 TEXT NOT NULL,
+    input_fingerprint TEXT NOT NULL,
+    at REAL NOT NULL
+);
 """
+
+#: The database clock in seconds. ``unixepoch('subsec')`` needs SQLite 3.42 and
+#: returns NULL on the 3.40 this project runs on; julianday works everywhere.
+NOW_SQL = "(julianday('now') - 2440587.5) * 86400.0"
 
 
 def _dump(value: Any) -> str:
@@ -112,6 +164,25 @@ class SQLiteStore(Store):
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+
+    @contextmanager
+    def _durable_tx(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction that is on disk when it returns (leases, fences, effects).
+
+        ``synchronous`` cannot change inside a transaction, so it is raised around it.
+        """
+        with self._lock:
+            self._db.execute("PRAGMA synchronous=FULL")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            finally:
+                self._db.execute("PRAGMA synchronous=NORMAL")
 
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -218,6 +289,156 @@ class SQLiteStore(Store):
             (run_id, after_id),
         )
         return [Event(run_id=r[1], at=r[2], kind=r[3], data=json.loads(r[4]), id=r[0]) for r in rows]
+
+    # -- leases ------------------------------------------------------------
+
+    def db_now(self) -> float:
+        return float(self._rows(f"SELECT {NOW_SQL}")[0][0])
+
+    def _now(self, db: sqlite3.Connection, now: float | None) -> float:
+        if now is not None:
+            return now
+        return float(db.execute(f"SELECT {NOW_SQL}").fetchone()[0])
+
+    def acquire_lease(
+        self, name: str, holder: str, ttl: float, *, user: str = "", now: float | None = None
+    ) -> Lease | None:
+        with self._durable_tx() as db:
+            t = self._now(db, now)
+            db.execute(
+                "INSERT OR IGNORE INTO leases VALUES (?, '', 0, 0.0)", (name,)
+            )
+            row = db.execute(
+                "UPDATE leases SET"
+                " token = CASE WHEN holder = ?1 THEN token ELSE token + 1 END,"
+                " holder = ?1, expires_at = ?2 + ?3"
+                " WHERE name = ?4 AND (holder = ?1 OR expires_at <= ?2)"
+                " RETURNING token, expires_at",
+                (holder, t, ttl, name),
+            ).fetchone()
+            if row is None:
+                return None
+            # Users of a previous holder are gone with its lease.
+            db.execute("DELETE FROM lease_users WHERE name = ? AND holder <> ?", (name, holder))
+            db.execute("INSERT OR IGNORE INTO lease_users VALUES (?, ?, ?)", (name, holder, user))
+            return Lease(name=name, holder=holder, token=int(row[0]), expires_at=float(row[1]))
+
+    def renew_lease(
+        self, name: str, holder: str, token: int, ttl: float, *, now: float | None = None
+    ) -> Lease | None:
+        with self._durable_tx() as db:
+            t = self._now(db, now)
+            row = db.execute(
+                "UPDATE leases SET expires_at = ?1 + ?2"
+                " WHERE name = ?3 AND holder = ?4 AND token = ?5 AND expires_at > ?1"
+                " RETURNING expires_at",
+                (t, ttl, name, holder, token),
+            ).fetchone()
+            if row is None:
+                return None
+            return Lease(name=name, holder=holder, token=token, expires_at=float(row[0]))
+
+    def release_lease(
+        self, name: str, holder: str, *, user: str = "", now: float | None = None
+    ) -> None:
+        with self._durable_tx() as db:
+            t = self._now(db, now)
+            db.execute(
+                "DELETE FROM lease_users WHERE name = ? AND holder = ? AND user = ?",
+                (name, holder, user),
+            )
+            db.execute(
+                "UPDATE leases SET expires_at = MIN(expires_at, ?1)"
+                " WHERE name = ?2 AND holder = ?3 AND NOT EXISTS"
+                " (SELECT 1 FROM lease_users u WHERE u.name = ?2 AND u.holder = ?3)",
+                (t, name, holder),
+            )
+
+    def get_lease(self, name: str) -> Lease | None:
+        rows = self._rows("SELECT name, holder, token, expires_at FROM leases WHERE name = ?", (name,))
+        if not rows or rows[0][2] == 0:
+            return None
+        r = rows[0]
+        return Lease(name=r[0], holder=r[1], token=int(r[2]), expires_at=float(r[3]))
+
+    # -- fences ------------------------------------------------------------
+
+    def advance_fence(self, scope: str, token: int, holder: str) -> FenceCheck:
+        with self._durable_tx() as db:
+            db.execute("INSERT OR IGNORE INTO fences VALUES (?, 0, '')", (scope,))
+            hw, who = db.execute(
+                "SELECT high_water, holder FROM fences WHERE scope = ?", (scope,)
+            ).fetchone()
+            if token < hw:
+                return FenceCheck(accepted=False, high_water=int(hw), holder=str(who))
+            db.execute(
+                "UPDATE fences SET high_water = ?, holder = ? WHERE scope = ?", (token, holder, scope)
+            )
+            return FenceCheck(accepted=True, high_water=token, holder=holder)
+
+    def get_fence(self, scope: str) -> FenceCheck | None:
+        rows = self._rows("SELECT high_water, holder FROM fences WHERE scope = ?", (scope,))
+        if not rows:
+            return None
+        return FenceCheck(accepted=True, high_water=int(rows[0][0]), holder=str(rows[0][1]))
+
+    # -- effects -----------------------------------------------------------
+
+    @staticmethod
+    def _effect(r: tuple[Any, ...]) -> Effect:
+        return Effect(
+            key=r[0], run_id=r[1], step=r[2], item=int(r[3]), attempt=int(r[4]), lease=r[5],
+            sink=r[6], sink_key=r[7], payload_sha256=r[8], status=r[9],
+            token=None if r[10] is None else int(r[10]), claimed_at=float(r[11]),
+            finished_at=None if r[12] is None else float(r[12]), message=r[13],
+        )
+
+    def claim_effect(self, effect: Effect) -> Effect:
+        e = effect
+        with self._durable_tx() as db:
+            db.execute(
+                "INSERT INTO effects VALUES (?,?,?,?,?,?,?,?,?,'claimed',?,?,NULL,?)"
+                " ON CONFLICT (key) DO UPDATE SET attempt = excluded.attempt,"
+                " lease = excluded.lease, sink = excluded.sink, sink_key = excluded.sink_key,"
+                " payload_sha256 = excluded.payload_sha256, token = excluded.token,"
+                " claimed_at = excluded.claimed_at, message = excluded.message"
+                " WHERE effects.status = 'claimed'",
+                (e.key, e.run_id, e.step, e.item, e.attempt, e.lease, e.sink, e.sink_key,
+                 e.payload_sha256, e.token, e.claimed_at, e.message),
+            )
+            row = db.execute("SELECT * FROM effects WHERE key = ?", (e.key,)).fetchone()
+        return self._effect(row)
+
+    def finish_effect(
+        self, key: str, *, status: str, token: int | None, at: float, message: str = ""
+    ) -> None:
+        if status not in ("done", "fenced"):
+            raise ValueError(f"an effect finishes as done or fenced, not {status!r}")
+        with self._durable_tx() as db:
+            db.execute(
+                "UPDATE effects SET status = ?, token = ?, finished_at = ?, message = ?"
+                " WHERE key = ? AND status = 'claimed'",
+                (status, token, at, message, key),
+            )
+
+    def get_effect(self, key: str) -> Effect | None:
+        rows = self._rows("SELECT * FROM effects WHERE key = ?", (key,))
+        return self._effect(rows[0]) if rows else None
+
+    def effects(self, run_id: str) -> list[Effect]:
+        return [self._effect(r) for r in self._rows(
+            "SELECT * FROM effects WHERE run_id = ? ORDER BY key", (run_id,)
+        )]
+
+    def swap_last_publish(self, record: PublishRecord) -> PublishRecord | None:
+        r = record
+        with self._durable_tx() as db:
+            old = db.execute("SELECT * FROM last_publish WHERE lease = ?", (r.lease,)).fetchone()
+            db.execute(
+                "INSERT OR REPLACE INTO last_publish VALUES (?,?,?,?,?,?)",
+                (r.lease, r.run_id, r.key, r.payload_sha256, r.input_fingerprint, r.at),
+            )
+        return PublishRecord(*old) if old else None
 
     def close(self) -> None:
         with self._lock:

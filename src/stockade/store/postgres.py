@@ -1,0 +1,512 @@
+"""PostgreSQL implementation of the run store, for several machines sharing work.
+
+Same contract as ``SQLiteStore`` (one shared suite in ``tests/contract``). Tables
+are prefixed ``stockade_`` so the store can live in a database that also holds
+sink tables. Lease writes are single conditional statements in their own short
+transaction, timed by ``clock_timestamp()`` so no client clock decides expiry.
+
+Must not import runner, workspace, sandbox or cli.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+
+from stockade.errors import InfraError
+from stockade.store.base import (
+    ArtifactRecord,
+    AttemptRecord,
+    Effect,
+    Event,
+    FenceCheck,
+    ItemRecord,
+    Lease,
+    PublishRecord,
+    RunExists,
+    RunRecord,
+    Store,
+)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS stockade_runs (
+    run_id TEXT PRIMARY KEY,
+    workflow TEXT NOT NULL,
+    workflow_path TEXT NOT NULL,
+    workflow_sha256 TEXT NOT NULL,
+    root TEXT NOT NULL,
+    status TEXT NOT NULL,
+    started_at DOUBLE PRECISION NOT NULL,
+    ended_at DOUBLE PRECISION,
+    sandbox TEXT NOT NULL,
+    enforced BOOLEAN NOT NULL
+);
+CREATE TABLE IF NOT EXISTS stockade_items (
+    run_id TEXT NOT NULL,
+    step TEXT NOT NULL,
+    item INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    result TEXT,
+    value TEXT,
+    message TEXT NOT NULL,
+    started_at DOUBLE PRECISION NOT NULL,
+    ended_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (run_id, step, item)
+);
+CREATE TABLE IF NOT EXISTS stockade_artifacts (
+    run_id TEXT NOT NULL,
+    step TEXT NOT NULL,
+    item INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    size BIGINT NOT NULL,
+    PRIMARY KEY (run_id, step, item, name)
+);
+CREATE TABLE IF NOT EXISTS stockade_attempts (
+    run_id TEXT NOT NULL,
+    step TEXT NOT NULL,
+    item INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    exit_code INTEGER,
+    started_at DOUBLE PRECISION NOT NULL,
+    ended_at DOUBLE PRECISION NOT NULL,
+    message TEXT NOT NULL,
+    PRIMARY KEY (run_id, step, item, attempt)
+);
+CREATE TABLE IF NOT EXISTS stockade_events (
+    id BIGSERIAL PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL,
+    kind TEXT NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS stockade_events_run ON stockade_events (run_id, id);
+CREATE TABLE IF NOT EXISTS stockade_leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    token BIGINT NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE IF NOT EXISTS stockade_lease_users (
+    name TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    "user" TEXT NOT NULL,
+    PRIMARY KEY (name, holder, "user")
+);
+CREATE TABLE IF NOT EXISTS stockade_fences (
+    scope TEXT PRIMARY KEY,
+    high_water BIGINT NOT NULL,
+    holder TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS stockade_effects (
+    key TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    step TEXT NOT NULL,
+    item INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    lease TEXT NOT NULL,
+    sink TEXT NOT NULL,
+    sink_key TEXT NOT NULL,
+    payload_sha256 TEXT NOT NULL,
+    status TEXT NOT NULL,
+    token BIGINT,
+    claimed_at DOUBLE PRECISION NOT NULL,
+    finished_at DOUBLE PRECISION,
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS stockade_effects_run ON stockade_effects (run_id, key);
+CREATE TABLE IF NOT EXISTS stockade_last_publish (
+    lease TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    payload_sha256 TEXT NOT NULL,
+    input_fingerprint TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL
+);
+"""
+
+#: Arbitrary constant: serialises concurrent CREATE TABLE IF NOT EXISTS, which
+#: PostgreSQL does not make safe on its own.
+_SCHEMA_LOCK = 0x5707CADE
+
+#: The database clock in seconds; ``clock_timestamp()`` moves inside a transaction.
+NOW_SQL = "extract(epoch from clock_timestamp())::float8"
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def connect(conninfo: str) -> psycopg.Connection[tuple[Any, ...]]:
+    """An autocommit connection, or an ``InfraError`` that says what to fix."""
+    try:
+        return psycopg.connect(conninfo, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise InfraError(
+            f"cannot reach PostgreSQL at {redact(conninfo)}: {str(exc).strip()}"
+            " (check --store / STOCKADE_STORE and that the server is running)"
+        ) from exc
+
+
+def redact(conninfo: str) -> str:
+    """The conninfo without a password, for messages."""
+    if "://" in conninfo and "@" in conninfo:
+        scheme, rest = conninfo.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        return f"{scheme}://{creds.split(':', 1)[0]}@{host}"
+    return conninfo
+
+
+class PostgresStore(Store):
+    """A run store in PostgreSQL. A small pool of autocommit connections, one per operation."""
+
+    def __init__(self, conninfo: str, *, pool_size: int = 8) -> None:
+        self.conninfo = conninfo
+        self._pool_size = pool_size
+        self._idle: list[psycopg.Connection[tuple[Any, ...]]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        with self._conn() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            conn.execute(SCHEMA)
+
+    # -- connections -------------------------------------------------------
+
+    @contextmanager
+    def _conn(self) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is None or conn.closed:
+            conn = connect(self.conninfo)
+        try:
+            yield conn
+        except psycopg.OperationalError as exc:
+            conn.close()
+            raise InfraError(f"PostgreSQL store at {redact(self.conninfo)}: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        with self._lock:
+            if not self._closed and len(self._idle) < self._pool_size:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[psycopg.Cursor[tuple[Any, ...]]]:
+        with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
+            yield cur
+
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._conn() as conn:
+            return list(conn.execute(sql, args).fetchall())
+
+    # -- runs --------------------------------------------------------------
+
+    def create_run(self, run: RunRecord) -> None:
+        try:
+            with self._tx() as cur:
+                cur.execute(
+                    "INSERT INTO stockade_runs VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                    (run.run_id, run.workflow, run.workflow_path, run.workflow_sha256, run.root,
+                     run.status, run.started_at, run.ended_at, run.sandbox, run.enforced),
+                )
+        except psycopg.errors.UniqueViolation as exc:
+            raise RunExists(run.run_id) from exc
+
+    def update_run(self, run_id: str, *, status: str, ended_at: float | None) -> None:
+        with self._tx() as cur:
+            cur.execute(
+                "UPDATE stockade_runs SET status=%s, ended_at=%s WHERE run_id=%s",
+                (status, ended_at, run_id),
+            )
+
+    @staticmethod
+    def _run(row: tuple[Any, ...]) -> RunRecord:
+        return RunRecord(
+            run_id=row[0], workflow=row[1], workflow_path=row[2], workflow_sha256=row[3],
+            root=row[4], status=row[5], started_at=row[6], ended_at=row[7], sandbox=row[8],
+            enforced=bool(row[9]),
+        )
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        rows = self._rows("SELECT * FROM stockade_runs WHERE run_id=%s", (run_id,))
+        return self._run(rows[0]) if rows else None
+
+    def list_runs(self, limit: int = 50) -> list[RunRecord]:
+        rows = self._rows(
+            "SELECT * FROM stockade_runs ORDER BY started_at DESC, run_id DESC LIMIT %s", (limit,)
+        )
+        return [self._run(r) for r in rows]
+
+    # -- attempts and items ------------------------------------------------
+
+    def record_attempt(self, attempt: AttemptRecord) -> None:
+        a = attempt
+        with self._tx() as cur:
+            cur.execute(
+                "INSERT INTO stockade_attempts VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s)"
+                " ON CONFLICT (run_id, step, item, attempt) DO UPDATE SET"
+                " outcome=EXCLUDED.outcome, exit_code=EXCLUDED.exit_code,"
+                " started_at=EXCLUDED.started_at, ended_at=EXCLUDED.ended_at,"
+                " message=EXCLUDED.message",
+                (a.run_id, a.step, a.item, a.attempt, a.outcome, a.exit_code, a.started_at,
+                 a.ended_at, a.message),
+            )
+
+    def attempts(self, run_id: str, step: str, item: int) -> list[AttemptRecord]:
+        rows = self._rows(
+            "SELECT * FROM stockade_attempts WHERE run_id=%s AND step=%s AND item=%s"
+            " ORDER BY attempt",
+            (run_id, step, item),
+        )
+        return [AttemptRecord(*r) for r in rows]
+
+    def complete_item(self, item: ItemRecord, outputs: list[ArtifactRecord]) -> None:
+        i = item
+        with self._tx() as cur:
+            cur.execute(
+                "DELETE FROM stockade_artifacts WHERE run_id=%s AND step=%s AND item=%s",
+                (i.run_id, i.step, i.item),
+            )
+            cur.execute(
+                "INSERT INTO stockade_items VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
+                " ON CONFLICT (run_id, step, item) DO UPDATE SET status=EXCLUDED.status,"
+                " attempt=EXCLUDED.attempt, result=EXCLUDED.result, value=EXCLUDED.value,"
+                " message=EXCLUDED.message, started_at=EXCLUDED.started_at,"
+                " ended_at=EXCLUDED.ended_at",
+                (i.run_id, i.step, i.item, i.status, i.attempt, _dump(i.result), _dump(i.value),
+                 i.message, i.started_at, i.ended_at),
+            )
+            if outputs:
+                cur.executemany(
+                    "INSERT INTO stockade_artifacts VALUES (%s,%s,%s,%s,%s,%s,%s)",
+                    [(a.run_id, a.step, a.item, a.attempt, a.name, a.sha256, a.size)
+                     for a in outputs],
+                )
+
+    def forget_item(self, run_id: str, step: str, item: int) -> None:
+        with self._tx() as cur:
+            args = (run_id, step, item)
+            cur.execute(
+                "DELETE FROM stockade_artifacts WHERE run_id=%s AND step=%s AND item=%s", args
+            )
+            cur.execute("DELETE FROM stockade_items WHERE run_id=%s AND step=%s AND item=%s", args)
+
+    def items(self, run_id: str, step: str | None = None) -> list[ItemRecord]:
+        where, args = (
+            ("run_id=%s", (run_id,)) if step is None else ("run_id=%s AND step=%s", (run_id, step))
+        )
+        arts: dict[tuple[str, int], list[ArtifactRecord]] = {}
+        for r in self._rows(f"SELECT * FROM stockade_artifacts WHERE {where} ORDER BY name", args):
+            arts.setdefault((r[1], r[2]), []).append(ArtifactRecord(*r))
+        out = []
+        for r in self._rows(f"SELECT * FROM stockade_items WHERE {where} ORDER BY step, item", args):
+            out.append(ItemRecord(
+                run_id=r[0], step=r[1], item=r[2], status=r[3], attempt=r[4],
+                result=json.loads(r[5]) if r[5] is not None else None,
+                value=json.loads(r[6]) if r[6] is not None else None,
+                message=r[7], started_at=r[8], ended_at=r[9],
+                outputs=tuple(arts.get((r[1], r[2]), ())),
+            ))
+        return out
+
+    # -- events ------------------------------------------------------------
+
+    def add_event(self, event: Event) -> None:
+        with self._tx() as cur:
+            cur.execute(
+                "INSERT INTO stockade_events (run_id, at, kind, data) VALUES (%s,%s,%s,%s)",
+                (event.run_id, event.at, event.kind, _dump(event.data)),
+            )
+
+    def events(self, run_id: str, after_id: int = 0) -> list[Event]:
+        rows = self._rows(
+            "SELECT id, run_id, at, kind, data FROM stockade_events WHERE run_id=%s AND id>%s"
+            " ORDER BY id",
+            (run_id, after_id),
+        )
+        return [
+            Event(run_id=r[1], at=r[2], kind=r[3], data=json.loads(r[4]), id=int(r[0])) for r in rows
+        ]
+
+    # -- leases ------------------------------------------------------------
+
+    def db_now(self) -> float:
+        return float(self._rows(f"SELECT {NOW_SQL}")[0][0])
+
+    def acquire_lease(
+        self, name: str, holder: str, ttl: float, *, user: str = "", now: float | None = None
+    ) -> Lease | None:
+        with self._tx() as cur:
+            cur.execute(
+                "INSERT INTO stockade_leases VALUES (%s, '', 0, 0) ON CONFLICT DO NOTHING", (name,)
+            )
+            row = cur.execute(
+                "WITH t AS (SELECT COALESCE(%(now)s::float8, " + NOW_SQL + ") AS now)"
+                " UPDATE stockade_leases SET"
+                " token = CASE WHEN holder = %(holder)s THEN token ELSE token + 1 END,"
+                " holder = %(holder)s, expires_at = t.now + %(ttl)s"
+                " FROM t WHERE name = %(name)s AND (holder = %(holder)s OR expires_at <= t.now)"
+                " RETURNING token, expires_at",
+                {"now": now, "holder": holder, "ttl": ttl, "name": name},
+            ).fetchone()
+            if row is None:
+                return None
+            cur.execute(
+                "DELETE FROM stockade_lease_users WHERE name = %s AND holder <> %s", (name, holder)
+            )
+            cur.execute(
+                "INSERT INTO stockade_lease_users VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                (name, holder, user),
+            )
+            return Lease(name=name, holder=holder, token=int(row[0]), expires_at=float(row[1]))
+
+    def renew_lease(
+        self, name: str, holder: str, token: int, ttl: float, *, now: float | None = None
+    ) -> Lease | None:
+        with self._tx() as cur:
+            row = cur.execute(
+                "WITH t AS (SELECT COALESCE(%(now)s::float8, " + NOW_SQL + ") AS now)"
+                " UPDATE stockade_leases SET expires_at = t.now + %(ttl)s FROM t"
+                " WHERE name = %(name)s AND holder = %(holder)s AND token = %(token)s"
+                " AND expires_at > t.now RETURNING expires_at",
+                {"now": now, "ttl": ttl, "name": name, "holder": holder, "token": token},
+            ).fetchone()
+        if row is None:
+            return None
+        return Lease(name=name, holder=holder, token=token, expires_at=float(row[0]))
+
+    def release_lease(
+        self, name: str, holder: str, *, user: str = "", now: float | None = None
+    ) -> None:
+        with self._tx() as cur:
+            cur.execute(
+                'DELETE FROM stockade_lease_users WHERE name = %s AND holder = %s AND "user" = %s',
+                (name, holder, user),
+            )
+            cur.execute(
+                "UPDATE stockade_leases SET expires_at ="
+                " LEAST(expires_at, COALESCE(%(now)s::float8, " + NOW_SQL + "))"
+                " WHERE name = %(name)s AND holder = %(holder)s AND NOT EXISTS"
+                " (SELECT 1 FROM stockade_lease_users u"
+                "  WHERE u.name = %(name)s AND u.holder = %(holder)s)",
+                {"now": now, "name": name, "holder": holder},
+            )
+
+    def get_lease(self, name: str) -> Lease | None:
+        rows = self._rows(
+            "SELECT name, holder, token, expires_at FROM stockade_leases WHERE name = %s", (name,)
+        )
+        if not rows or rows[0][2] == 0:
+            return None
+        r = rows[0]
+        return Lease(name=r[0], holder=r[1], token=int(r[2]), expires_at=float(r[3]))
+
+    # -- fences ------------------------------------------------------------
+
+    def advance_fence(self, scope: str, token: int, holder: str) -> FenceCheck:
+        with self._tx() as cur:
+            cur.execute(
+                "INSERT INTO stockade_fences VALUES (%s, 0, '') ON CONFLICT DO NOTHING", (scope,)
+            )
+            row = cur.execute(
+                "SELECT high_water, holder FROM stockade_fences WHERE scope = %s FOR UPDATE",
+                (scope,),
+            ).fetchone()
+            assert row is not None
+            if token < row[0]:
+                return FenceCheck(accepted=False, high_water=int(row[0]), holder=str(row[1]))
+            cur.execute(
+                "UPDATE stockade_fences SET high_water = %s, holder = %s WHERE scope = %s",
+                (token, holder, scope),
+            )
+            return FenceCheck(accepted=True, high_water=token, holder=holder)
+
+    def get_fence(self, scope: str) -> FenceCheck | None:
+        rows = self._rows(
+            "SELECT high_water, holder FROM stockade_fences WHERE scope = %s", (scope,)
+        )
+        if not rows:
+            return None
+        return FenceCheck(accepted=True, high_water=int(rows[0][0]), holder=str(rows[0][1]))
+
+    # -- effects -----------------------------------------------------------
+
+    @staticmethod
+    def _effect(r: tuple[Any, ...]) -> Effect:
+        return Effect(
+            key=r[0], run_id=r[1], step=r[2], item=int(r[3]), attempt=int(r[4]), lease=r[5],
+            sink=r[6], sink_key=r[7], payload_sha256=r[8], status=r[9],
+            token=None if r[10] is None else int(r[10]), claimed_at=float(r[11]),
+            finished_at=None if r[12] is None else float(r[12]), message=r[13],
+        )
+
+    def claim_effect(self, effect: Effect) -> Effect:
+        e = effect
+        with self._tx() as cur:
+            cur.execute(
+                "INSERT INTO stockade_effects VALUES"
+                " (%s,%s,%s,%s,%s,%s,%s,%s,%s,'claimed',%s,%s,NULL,%s)"
+                " ON CONFLICT (key) DO UPDATE SET attempt = EXCLUDED.attempt,"
+                " lease = EXCLUDED.lease, sink = EXCLUDED.sink, sink_key = EXCLUDED.sink_key,"
+                " payload_sha256 = EXCLUDED.payload_sha256, token = EXCLUDED.token,"
+                " claimed_at = EXCLUDED.claimed_at, message = EXCLUDED.message"
+                " WHERE stockade_effects.status = 'claimed'",
+                (e.key, e.run_id, e.step, e.item, e.attempt, e.lease, e.sink, e.sink_key,
+                 e.payload_sha256, e.token, e.claimed_at, e.message),
+            )
+            row = cur.execute("SELECT * FROM stockade_effects WHERE key = %s", (e.key,)).fetchone()
+        assert row is not None
+        return self._effect(row)
+
+    def finish_effect(
+        self, key: str, *, status: str, token: int | None, at: float, message: str = ""
+    ) -> None:
+        if status not in ("done", "fenced"):
+            raise ValueError(f"an effect finishes as done or fenced, not {status!r}")
+        with self._tx() as cur:
+            cur.execute(
+                "UPDATE stockade_effects SET status = %s, token = %s, finished_at = %s,"
+                " message = %s WHERE key = %s AND status = 'claimed'",
+                (status, token, at, message, key),
+            )
+
+    def get_effect(self, key: str) -> Effect | None:
+        rows = self._rows("SELECT * FROM stockade_effects WHERE key = %s", (key,))
+        return self._effect(rows[0]) if rows else None
+
+    def effects(self, run_id: str) -> list[Effect]:
+        return [self._effect(r) for r in self._rows(
+            "SELECT * FROM stockade_effects WHERE run_id = %s ORDER BY key", (run_id,)
+        )]
+
+    def swap_last_publish(self, record: PublishRecord) -> PublishRecord | None:
+        r = record
+        with self._tx() as cur:
+            old = cur.execute(
+                "SELECT * FROM stockade_last_publish WHERE lease = %s FOR UPDATE", (r.lease,)
+            ).fetchone()
+            cur.execute(
+                "INSERT INTO stockade_last_publish VALUES (%s,%s,%s,%s,%s,%s)"
+                " ON CONFLICT (lease) DO UPDATE SET run_id = EXCLUDED.run_id,"
+                " key = EXCLUDED.key, payload_sha256 = EXCLUDED.payload_sha256,"
+                " input_fingerprint = EXCLUDED.input_fingerprint, at = EXCLUDED.at",
+                (r.lease, r.run_id, r.key, r.payload_sha256, r.input_fingerprint, r.at),
+            )
+        return PublishRecord(*old) if old else None
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()

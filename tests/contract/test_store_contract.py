@@ -1,0 +1,306 @@
+"""One contract for every run store: the same tests against SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stockade.errors import InfraError, UserError
+from stockade.store import (
+    ArtifactRecord,
+    AttemptRecord,
+    Effect,
+    Event,
+    ItemRecord,
+    PublishRecord,
+    RunExists,
+    RunRecord,
+    SQLiteStore,
+    Store,
+    open_store,
+)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        s: Store = open_store(None, tmp_path)
+    else:
+        s = open_store(request.getfixturevalue("pg_url"), tmp_path)
+    yield s
+    s.close()
+
+
+def run(run_id: str = "r1", started: float = 100.0, **kw: object) -> RunRecord:
+    base: dict[str, object] = dict(
+        run_id=run_id, workflow="wf", workflow_path="/w/wf.yaml", workflow_sha256="ab" * 32,
+        root="/root", status="running", started_at=started,
+    )
+    base.update(kw)
+    return RunRecord(**base)  # type: ignore[arg-type]
+
+
+def effect(key: str = "r1/pub/0", **kw: object) -> Effect:
+    run_id, step, item = key.split("/")
+    base: dict[str, object] = dict(
+        key=key, run_id=run_id, step=step, item=int(item), attempt=1, lease="wf.pub",
+        sink="sqlite:///x.db?table=t", sink_key="k", payload_sha256="00" * 32, token=3,
+        claimed_at=10.0,
+    )
+    base.update(kw)
+    return Effect(**base)  # type: ignore[arg-type]
+
+
+# -- runs ----------------------------------------------------------------------
+
+
+def test_run_round_trip_and_duplicate(store: Store) -> None:
+    r = run(sandbox="bwrap", enforced=True)
+    store.create_run(r)
+    assert store.get_run("r1") == r
+    with pytest.raises(RunExists):
+        store.create_run(r)
+    store.update_run("r1", status="succeeded", ended_at=200.5)
+    got = store.get_run("r1")
+    assert got is not None and (got.status, got.ended_at) == ("succeeded", 200.5)
+    assert store.get_run("nope") is None
+
+
+def test_list_runs_newest_first_with_limit(store: Store) -> None:
+    for i, t in enumerate([5.0, 50.0, 20.0]):
+        store.create_run(run(f"r{i}", started=t))
+    assert [r.run_id for r in store.list_runs()] == ["r1", "r2", "r0"]
+    assert [r.run_id for r in store.list_runs(limit=1)] == ["r1"]
+
+
+def test_attempts_oldest_first_and_replace(store: Store) -> None:
+    store.create_run(run())
+    for n in (2, 1):
+        store.record_attempt(AttemptRecord("r1", "s", 0, n, "failed", 1, 1.0, 2.0, "boom"))
+    store.record_attempt(AttemptRecord("r1", "s", 0, 2, "succeeded", 0, 1.0, 3.0))
+    got = store.attempts("r1", "s", 0)
+    assert [(a.attempt, a.outcome, a.exit_code) for a in got] == [(1, "failed", 1), (2, "succeeded", 0)]
+    assert store.attempts("r1", "s", 1) == []
+
+
+@pytest.mark.parametrize(
+    ("result", "value"),
+    [
+        (None, None),
+        ("text\nwith ünïcode", 3),
+        ({"a": [1, 2, {"b": None}]}, ["x", 1.5]),
+        ([True, False], {"k": "v"}),
+    ],
+)
+def test_items_keep_json_values_and_outputs(store: Store, result: object, value: object) -> None:
+    store.create_run(run())
+    arts = [ArtifactRecord("r1", "s", 1, 2, n, "cd" * 32, 7) for n in ("b.txt", "a/x.md")]
+    store.complete_item(
+        ItemRecord("r1", "s", 1, "succeeded", 2, result=result, value=value, message="ok",
+                   started_at=1.0, ended_at=2.0),
+        arts,
+    )
+    [got] = store.items("r1", "s")
+    assert (got.result, got.value, got.attempt, got.message) == (result, value, 2, "ok")
+    assert [a.name for a in got.outputs] == ["a/x.md", "b.txt"]
+
+
+def test_complete_item_replaces_and_forget_drops(store: Store) -> None:
+    store.create_run(run())
+    store.complete_item(ItemRecord("r1", "s", 0, "failed", 1),
+                        [ArtifactRecord("r1", "s", 0, 1, "old", "00" * 32, 1)])
+    store.complete_item(ItemRecord("r1", "s", 0, "succeeded", 2),
+                        [ArtifactRecord("r1", "s", 0, 2, "new", "11" * 32, 2)])
+    store.complete_item(ItemRecord("r1", "t", 3, "succeeded", 1), [])
+    items = store.items("r1")
+    assert [(i.step, i.item, i.status) for i in items] == [("s", 0, "succeeded"), ("t", 3, "succeeded")]
+    assert [a.name for a in items[0].outputs] == ["new"]
+    store.forget_item("r1", "s", 0)
+    assert [(i.step, i.item) for i in store.items("r1")] == [("t", 3)]
+
+
+def test_events_in_order_after_id(store: Store) -> None:
+    for k in ("a", "b", "c"):
+        store.add_event(Event("r1", 1.0, k, {"k": k}))
+    store.add_event(Event("r2", 1.0, "other", {}))
+    evs = store.events("r1")
+    assert [e.kind for e in evs] == ["a", "b", "c"]
+    assert [e.kind for e in store.events("r1", after_id=evs[0].id)] == ["b", "c"]
+    assert evs[2].data == {"k": "c"}
+
+
+# -- leases (injected clock) ----------------------------------------------------
+
+T0 = 1_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        # (holder, now) -> token or None
+        ([("a", T0), ("a", T0 + 1)], [1, 1]),                       # same holder keeps the token
+        ([("a", T0), ("b", T0 + 5)], [1, None]),                    # held, not expired
+        ([("a", T0), ("b", T0 + 10)], [1, 2]),                      # expired exactly at ttl
+        ([("a", T0), ("b", T0 + 11), ("a", T0 + 12)], [1, 2, None]),  # old holder is out
+        ([("a", T0), ("b", T0 + 11), ("a", T0 + 30)], [1, 2, 3]),   # and comes back higher
+        ([("a", T0), ("a", T0 + 50)], [1, 1]),                      # nobody took it: same token
+    ],
+)
+def test_lease_tokens(store: Store, steps: list[tuple[str, float]], expected: list[int | None]) -> None:
+    got = []
+    for holder, now in steps:
+        lease = store.acquire_lease("L", holder, 10.0, now=now)
+        got.append(None if lease is None else lease.token)
+        if lease is not None:
+            assert (lease.holder, lease.expires_at) == (holder, now + 10.0)
+    assert got == expected
+
+
+def test_lease_renewal(store: Store) -> None:
+    lease = store.acquire_lease("L", "a", 10.0, now=T0)
+    assert lease is not None
+    renewed = store.renew_lease("L", "a", lease.token, 10.0, now=T0 + 9)
+    assert renewed is not None and renewed.expires_at == T0 + 19
+    assert store.acquire_lease("L", "b", 10.0, now=T0 + 15) is None   # the renewal counted
+    assert store.renew_lease("L", "a", lease.token, 10.0, now=T0 + 20) is None  # expired: lost
+    assert store.renew_lease("L", "a", lease.token + 1, 10.0, now=T0 + 12) is None  # wrong token
+    b = store.acquire_lease("L", "b", 10.0, now=T0 + 20)
+    assert b is not None and b.token == 2
+    assert store.renew_lease("L", "a", lease.token, 10.0, now=T0 + 21) is None
+
+
+def test_lease_release_waits_for_last_user(store: Store) -> None:
+    assert store.acquire_lease("L", "run1", 100.0, user="i0", now=T0) is not None
+    assert store.acquire_lease("L", "run1", 100.0, user="i1", now=T0) is not None
+    store.release_lease("L", "run1", user="i0", now=T0 + 1)
+    assert store.acquire_lease("L", "run2", 100.0, now=T0 + 2) is None
+    store.release_lease("L", "run1", user="i1", now=T0 + 3)
+    got = store.acquire_lease("L", "run2", 100.0, now=T0 + 3)
+    assert got is not None and got.token == 2
+    store.release_lease("L", "run1", user="i1", now=T0 + 4)  # not the holder: no effect
+    assert store.acquire_lease("L", "run1", 100.0, now=T0 + 5) is None
+    lease = store.get_lease("L")
+    assert lease is not None and (lease.holder, lease.token) == ("run2", 2)
+
+
+def test_lease_uses_database_clock(store: Store) -> None:
+    import time
+
+    before = time.time()
+    lease = store.acquire_lease("L", "a", 0.3)
+    assert lease is not None and before < lease.expires_at < time.time() + 0.3 + 1
+    assert store.acquire_lease("L", "b", 0.3) is None
+    time.sleep(0.35)
+    b = store.acquire_lease("L", "b", 0.3)
+    assert b is not None and b.token == 2
+    assert abs(store.db_now() - time.time()) < 1.0
+
+
+def test_lease_is_exclusive_under_contention(store: Store, tmp_path: Path) -> None:
+    """Threads with their own store object race for one lease: exactly one wins."""
+    url = getattr(store, "conninfo", None) or f"sqlite:///{store.path}"  # type: ignore[attr-defined]
+    winners: list[str] = []
+    barrier = threading.Barrier(6)
+
+    def race(i: int) -> None:
+        s = open_store(url, tmp_path)
+        barrier.wait()
+        if s.acquire_lease("C", f"h{i}", 60.0) is not None:
+            winners.append(f"h{i}")
+        s.close()
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(winners) == 1
+    lease = store.get_lease("C")
+    assert lease is not None and lease.holder == winners[0] and lease.token == 1
+
+
+# -- fences ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tokens", "accepted", "final"),
+    [
+        ([1, 2, 3], [True, True, True], 3),
+        ([3, 1], [True, False], 3),
+        ([2, 2], [True, True], 2),         # the same holder writing again
+        ([5, 4, 6, 5], [True, False, True, False], 6),
+    ],
+)
+def test_fence_only_moves_up(store: Store, tokens: list[int], accepted: list[bool], final: int) -> None:
+    got = [store.advance_fence("S", t, f"run{t}").accepted for t in tokens]
+    assert got == accepted
+    fence = store.get_fence("S")
+    assert fence is not None and (fence.high_water, fence.holder) == (final, f"run{final}")
+    refused = store.advance_fence("S", final - 1, "late")
+    assert (refused.accepted, refused.high_water, refused.holder) == (False, final, f"run{final}")
+    assert store.get_fence("other") is None
+
+
+# -- effects ----------------------------------------------------------------------
+
+
+def test_effect_claim_done_is_final(store: Store) -> None:
+    assert store.get_effect("r1/pub/0") is None
+    got = store.claim_effect(effect())
+    assert (got.status, got.token, got.finished_at) == ("claimed", 3, None)
+    again = store.claim_effect(effect(attempt=2, token=4, claimed_at=11.0))
+    assert (again.status, again.attempt, again.token) == ("claimed", 2, 4)
+    store.finish_effect("r1/pub/0", status="done", token=4, at=12.0, message="applied")
+    after = store.claim_effect(effect(attempt=3, token=9))
+    assert (after.status, after.attempt, after.token, after.finished_at) == ("done", 2, 4, 12.0)
+    store.finish_effect("r1/pub/0", status="fenced", token=9, at=13.0)
+    final = store.get_effect("r1/pub/0")
+    assert final is not None and (final.status, final.message) == ("done", "applied")
+
+
+def test_effect_fenced_and_listing(store: Store) -> None:
+    store.claim_effect(effect("r1/pub/1"))
+    store.claim_effect(effect("r1/pub/0"))
+    store.claim_effect(effect("r2/pub/0"))
+    store.finish_effect("r1/pub/1", status="fenced", token=3, at=5.0, message="token 3 < 4")
+    got = store.effects("r1")
+    assert [(e.key, e.status) for e in got] == [("r1/pub/0", "claimed"), ("r1/pub/1", "fenced")]
+    with pytest.raises(ValueError):
+        store.finish_effect("r1/pub/0", status="claimed", token=1, at=1.0)
+
+
+def test_last_publish_swap(store: Store) -> None:
+    a = PublishRecord("L", "r1", "2026-09-13", "aa" * 32, "fp1", 1.0)
+    b = PublishRecord("L", "r2", "2026-09-14", "aa" * 32, "fp2", 2.0)
+    assert store.swap_last_publish(a) is None
+    assert store.swap_last_publish(b) == a
+    assert store.swap_last_publish(a) == b
+
+
+# -- opening ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "error"),
+    [("mysql://x/y", UserError), ("sqlite:///", UserError),
+     ("postgresql://nobody@/x?host=/nonexistent-socket-dir&connect_timeout=2", InfraError)],
+)
+def test_open_store_refuses(tmp_path: Path, url: str, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        open_store(url, tmp_path)
+
+
+def test_open_store_default_and_sqlite_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = open_store(None, tmp_path)
+    assert isinstance(s, SQLiteStore) and Path(s.path) == tmp_path / "stockade.db"
+    s.close()
+    monkeypatch.chdir(tmp_path)
+    s = open_store("sqlite:///sub/other.db", tmp_path / "ignored")
+    assert isinstance(s, SQLiteStore) and (tmp_path / "sub" / "other.db").exists()
+    s.close()
+    s = open_store(f"sqlite:///{tmp_path}/abs.db", tmp_path)
+    assert (tmp_path / "abs.db").exists()
+    s.close()
