@@ -1,0 +1,291 @@
+"""Compile and render ``{{ }}`` template expressions.
+
+A template is literal text with ``{{ expression }}`` holes; ``{% %}`` and
+``{# #}`` are refused. Each hole is compiled separately so a whole-value
+template returns its native value and a text template can quote each hole
+for the shell. Imports nothing of stockade but ``stockade.errors`` (through
+nothing) and this package.
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from jinja2 import Undefined, nodes
+from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError, UndefinedError
+
+from stockade.errors import StockadeError
+from stockade.expr._analyse import AnalysisError, Findings, analyse
+from stockade.expr._caps import MAX_OUTPUT, MAX_SOURCE, CapExceeded
+from stockade.expr._env import (
+    ALLOWED_KEY,
+    BUILTIN_FUNCTIONS,
+    ENV,
+    Readable,
+    new_weigher,
+    reset_weigher,
+    to_json,
+    type_name,
+)
+
+
+class ExprError(Exception):
+    """A template that cannot be compiled (syntax, a refused construct)."""
+
+    def __init__(self, message: str, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.offset = offset
+
+
+class RenderError(Exception):
+    """A template failed while rendering (undefined name, wrong type, a cap)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+_Part = str | Callable[[dict[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class Template:
+    """A compiled template and everything it references."""
+
+    source: str
+    is_template: bool
+    whole: bool
+    steps_used: frozenset[str]
+    vars_used: frozenset[str]
+    uses_item: bool
+    uses_run: bool
+    files: tuple[str, ...]
+    trees: tuple[str, ...]
+    refs: tuple[str, ...]
+    _parts: tuple[_Part, ...] = field(default=(), repr=False, compare=False)
+
+
+def _line_offset(source: str, lineno: int | None) -> int | None:
+    if lineno is None:
+        return None
+    lines = source.split("\n")
+    return sum(len(line) + 1 for line in lines[: max(lineno - 1, 0)])
+
+
+def _check_tags(source: str) -> None:
+    try:
+        offset = 0
+        for _lineno, kind, value in ENV.lex(source):
+            if kind in ("block_begin", "comment_begin", "raw_begin", "linestatement_begin", "linecomment_begin"):
+                at = source.find(value, offset)
+                raise ExprError("only {{ }} expressions are allowed (found " + repr(value) + ")",
+                                at if at >= 0 else None)
+            found = source.find(value, offset)
+            if found >= 0 and value:
+                offset = found + len(value)
+    except TemplateSyntaxError as exc:
+        raise ExprError(f"invalid template: {exc.message}", _line_offset(source, exc.lineno)) from None
+
+
+def _compile_expr(expr: nodes.Expr) -> Callable[[dict[str, Any]], Any]:
+    body = [nodes.Assign(nodes.Name("result", "store"), expr, lineno=expr.lineno or 1)]
+    tmpl = ENV.from_string(nodes.Template(body, lineno=1))
+
+    def evaluate(values: dict[str, Any]) -> Any:
+        ctx = tmpl.new_context(values)
+        for _ in tmpl.root_render_func(ctx):
+            pass
+        return ctx.vars["result"]
+
+    return evaluate
+
+
+@functools.lru_cache(maxsize=4096)
+def compile_template(source: str) -> Template:
+    """Compile ``source``; raises ExprError. Cached on the source string."""
+    if not isinstance(source, str):
+        raise ExprError(f"a template must be a string, got {type_name(source)}")
+    if len(source) > MAX_SOURCE:
+        raise ExprError(f"template is {len(source):,} characters long (limit {MAX_SOURCE:,})", 0)
+    if "{{" not in source and "{%" not in source and "{#" not in source:
+        return Template(source, False, False, frozenset(), frozenset(), False, False, (), (), (), (source,))
+    _check_tags(source)
+    found = Findings()
+    parts: list[_Part] = []
+    holes = 0
+    try:
+        tree = ENV.parse(source)
+        for out in tree.body:
+            if not isinstance(out, nodes.Output):
+                raise ExprError("only {{ }} expressions are allowed", _line_offset(source, out.lineno))
+            for node in out.nodes:
+                if isinstance(node, nodes.TemplateData):
+                    parts.append(node.data)
+                    continue
+                holes += 1
+                parts.append(_compile_expr(analyse(node, found)))
+    except ExprError:
+        raise
+    except AnalysisError as exc:
+        raise ExprError(exc.message, _line_offset(source, exc.lineno)) from None
+    except TemplateSyntaxError as exc:
+        raise ExprError(f"invalid template: {exc.message}", _line_offset(source, exc.lineno)) from None
+    except TemplateError as exc:
+        raise ExprError(f"invalid template: {exc.message or exc}", None) from None
+    except (RecursionError, MemoryError, SyntaxError):
+        raise ExprError("template expression is too deeply nested", None) from None
+    if holes == 0:
+        text = "".join(p for p in parts if isinstance(p, str))
+        return Template(source, False, False, frozenset(), frozenset(), False, False, (), (), (), (text,))
+    exprs = [p for p in parts if not isinstance(p, str)]
+    whole = len(exprs) == 1 and all(p.strip() == "" for p in parts if isinstance(p, str))
+    if whole:
+        parts = list(exprs)
+    return Template(
+        source=source,
+        is_template=True,
+        whole=whole,
+        steps_used=frozenset(found.steps),
+        vars_used=frozenset(found.vars),
+        uses_item=found.uses_item,
+        uses_run=found.uses_run,
+        files=tuple(found.files),
+        trees=tuple(found.trees),
+        refs=tuple(found.refs),
+        _parts=tuple(parts),
+    )
+
+
+def _check_defined(value: Any) -> None:
+    """Fail on an Undefined anywhere in a (list/dict) result."""
+    stack = [value]
+    seen = 0
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, Undefined):
+            cur._fail_with_undefined_error()
+        if isinstance(cur, (list, tuple)):
+            stack.extend(cur)
+        elif isinstance(cur, dict):
+            stack.extend(cur.values())
+        seen += 1
+        if seen > 1_000_000:
+            return
+
+
+def _text(value: Any) -> str:
+    """How a value reads inside a text template."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        raise RenderError("the expression gave null, which has no text; use `| default('')` if empty is meant")
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, Readable):
+        text = value.read_text()
+        if len(text) > MAX_OUTPUT:
+            raise CapExceeded(f"a file of {len(text):,} characters inside text (limit {MAX_OUTPUT:,})")
+        return text
+    if isinstance(value, (list, tuple, dict)) or hasattr(value, "__stockade_json__"):
+        return to_json(value)
+    raise RenderError(f"cannot render {type_name(value)} as text")
+
+
+def _shell(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return " ".join(shlex.quote(_text(v)) for v in value)
+    return shlex.quote(_text(value))
+
+
+def render(
+    t: Template,
+    ctx: Mapping[str, Any],
+    *,
+    functions: Mapping[str, Callable[..., Any]] = {},
+    shell: bool = False,
+) -> Any:
+    """Render a compiled template against ``ctx`` (keys: vars, run, steps, item).
+
+    A whole-value template returns the value itself (a list stays a list, an
+    artifact stays an artifact) unless ``shell`` is set; otherwise the result is
+    a string, each hole shell-quoted when ``shell`` is set.
+    """
+    if not t.is_template:
+        return t.source
+    values: dict[str, Any] = dict(ctx)
+    values.update(BUILTIN_FUNCTIONS)
+    values.update(functions)
+    values[ALLOWED_KEY] = frozenset(id(f) for f in (*BUILTIN_FUNCTIONS.values(), *functions.values()))
+    token = new_weigher()
+    try:
+        if t.whole and not shell:
+            fn = t._parts[0]
+            assert not isinstance(fn, str)
+            value = fn(values)
+            _check_defined(value)
+            return value
+        out: list[str] = []
+        size = 0
+        for part in t._parts:
+            if isinstance(part, str):
+                piece = part
+            else:
+                value = part(values)
+                _check_defined(value)
+                piece = _shell(value) if shell else _text(value)
+            size += len(piece)
+            if size > MAX_OUTPUT:
+                raise CapExceeded(f"rendered text is larger than {MAX_OUTPUT:,} characters")
+            out.append(piece)
+        return "".join(out)
+    except (StockadeError, RenderError):
+        raise
+    except UndefinedError as exc:
+        raise RenderError(_undefined_message(exc)) from None
+    except SecurityError as exc:
+        raise RenderError(f"not allowed: {exc}") from None
+    except CapExceeded as exc:
+        raise RenderError(f"limit exceeded: {exc}") from None
+    except RecursionError:
+        raise RenderError("value nested too deeply") from None
+    except MemoryError:
+        raise RenderError("out of memory while rendering") from None
+    except Exception as exc:  # a template is user input: any failure is theirs to fix
+        raise RenderError(f"{type(exc).__name__}: {exc}") from None
+    finally:
+        reset_weigher(token)
+
+
+def _undefined_message(exc: UndefinedError) -> str:
+    msg = str(exc.message or exc)
+    return msg if "undefined" in msg or "no key" in msg else f"undefined: {msg}"
+
+
+def render_value(
+    value: Any,
+    ctx: Mapping[str, Any],
+    *,
+    functions: Mapping[str, Callable[..., Any]] = {},
+    shell: bool = False,
+) -> Any:
+    """Render every string inside ``value`` (lists and dicts recursively)."""
+    if isinstance(value, str):
+        try:
+            t = compile_template(value)
+        except ExprError as exc:
+            raise RenderError(exc.message) from None
+        return render(t, ctx, functions=functions, shell=shell)
+    if isinstance(value, list):
+        return [render_value(v, ctx, functions=functions, shell=shell) for v in value]
+    if isinstance(value, tuple):
+        return tuple(render_value(v, ctx, functions=functions, shell=shell) for v in value)
+    if isinstance(value, dict):
+        return {k: render_value(v, ctx, functions=functions, shell=shell) for k, v in value.items()}
+    return value
