@@ -1,0 +1,82 @@
+"""Agent steps: a jailed LLM tool loop whose writes go only where the operator asked.
+
+The runner calls ``start_agent(job)``; the returned ``AgentSession`` starts the
+host broker and names what to run in the jail (``launch``); after the jail
+exits, ``finish(exit_code)`` runs the name-list gate and returns an
+``AgentOutcome``.
+
+This module stays light: the jail imports ``stockade.agent.jail`` (and so this
+package) at every agent start, so nothing here may import httpx, pydantic or
+the rest of the engine at import time. ``start_agent`` and ``AgentSession``
+are loaded on first use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stockade.sandbox.policy import ExtraMount
+    from stockade.agent.session import AgentSession, start_agent
+    from stockade.spec.model import Agent
+
+
+@dataclass(frozen=True)
+class AgentJob:
+    run_id: str
+    step: str
+    item: int
+    attempt: int
+    #: ``.model .prompt (rendered) .tools .writes .max_turns .approve``
+    config: Agent
+    #: the item's fresh work/ with its inputs; the jail's cwd
+    work_dir: Path
+    #: this attempt's engine-owned record dir, never mounted
+    meta_dir: Path
+    #: a private host dir outside work/ and meta/ for the socket and config
+    runtime_dir: Path
+    #: the step timeout: the broker refuses model calls after it
+    timeout: float | None
+    #: the engine's environment: *_API_KEY and *_BASE_URL are read from here only
+    host_env: Mapping[str, str]
+    #: progress output ("WRITE TARGET: out/x.md")
+    echo: Callable[[str], None]
+    #: a terminal is attached, so ``approve: ask`` can ask
+    interactive: bool
+
+
+@dataclass(frozen=True)
+class AgentLaunch:
+    argv: tuple[str, ...]
+    mounts: tuple[ExtraMount, ...]
+    #: extra variables for the jail; never a key
+    env: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class AgentOutcome:
+    ok: bool
+    #: the final assistant message (``steps.X.result``)
+    result: str
+    #: why it failed, for a human; "" when ok
+    message: str
+    #: work-relative paths written through the tools
+    writes: tuple[str, ...]
+    #: changed files NOT written through the tools (the name-list gate)
+    extra_paths: tuple[str, ...]
+    #: unified diff of what the tools changed against the inputs (also meta/changes.diff)
+    diff: str = ""
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("AgentSession", "start_agent"):
+        from stockade.agent import session
+
+        return getattr(session, name)
+    raise AttributeError(name)
+
+
+__all__ = ["AgentJob", "AgentLaunch", "AgentOutcome", "AgentSession", "start_agent"]

@@ -1,0 +1,157 @@
+"""The write guard: which paths an agent may read and write, decided before any I/O.
+
+Every rule here is a pure function of strings, except ``resolve_inside`` which
+asks the file system where a path really leads (symlinks). The jail runs these
+checks before a tool acts; the host broker runs them again before it allows a
+write, so a bug on one side is not enough to write somewhere unasked.
+
+Imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+
+class PathRejected(ValueError):
+    """A tool path that must not be used; the message is shown to the model."""
+
+
+_PROMPT_TRIM = ".,;:!?()[]{}<>\"'`*"
+
+
+def normalise(raw: object, *, allow_root: bool = False) -> str:
+    """A work-relative POSIX path, or ``PathRejected``.
+
+    No absolute paths, no ``~``, no ``..`` anywhere (even ones that would
+    cancel out), no backslashes, no NUL. ``allow_root`` admits ``.`` (for
+    ``list_dir``); write targets always name a file below the root.
+    """
+    if not isinstance(raw, str):
+        raise PathRejected("path must be a string")
+    if raw.strip() != raw or not raw:
+        raise PathRejected("path must be a non-empty string without surrounding spaces")
+    if "\x00" in raw or "\\" in raw:
+        raise PathRejected(f"path {raw!r} contains a NUL or a backslash")
+    if raw.startswith(("/", "~")):
+        raise PathRejected(f"absolute paths are forbidden: {raw!r}; use a path relative to the work directory")
+    parts = raw.split("/")
+    if ".." in parts:
+        raise PathRejected(f"parent traversal is forbidden: {raw!r}")
+    norm = posixpath.normpath(raw)
+    if norm == ".":
+        if allow_root:
+            return "."
+        raise PathRejected("path must name a file, not the work directory")
+    return norm
+
+
+def resolve_inside(root: Path, rel: str) -> Path:
+    """The host path of ``rel`` under ``root``, refusing any symlink escape.
+
+    The deepest existing ancestor is resolved (following symlinks) and must
+    stay inside ``root``; a final component that is itself a symlink is
+    refused outright for writes by the callers that open with ``O_NOFOLLOW``.
+    """
+    real_root = root.resolve()
+    candidate = real_root / rel
+    resolved = candidate.resolve()
+    if resolved != real_root and real_root not in resolved.parents:
+        raise PathRejected(f"path {rel!r} leads outside the work directory")
+    return candidate
+
+
+def glob_to_regex(pattern: str) -> re.Pattern[str]:
+    """Compile a ``writes`` glob: ``**`` spans directories, ``*`` and ``?`` do not."""
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:[^/]+/)*")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif c == "*":
+            out.append("[^/]*")
+            i += 1
+        elif c == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(c))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def allowed_by(path: str, writes: Iterable[str]) -> bool:
+    """Whether a normalised path matches one of the step's ``writes`` globs."""
+    return any(glob_to_regex(posixpath.normpath(g)).match(path) for g in writes)
+
+
+def mentions(prompt: str) -> frozenset[str]:
+    """The path-like words of the operator's request, normalised.
+
+    A word counts when it contains ``/`` or ``.`` between name characters
+    (``billing/utils.py``, ``README.md``). The parser is deliberately plain:
+    a target the operator wants patched must be written out in the prompt.
+    """
+    found: set[str] = set()
+    for token in re.split(r"[\s`'\"]+", prompt):
+        token = token.strip(_PROMPT_TRIM)
+        if token.startswith("./"):
+            token = token[2:]
+        if not token or not re.search(r"[A-Za-z0-9_-][/.][A-Za-z0-9_-]", token):
+            continue
+        try:
+            found.add(normalise(token))
+        except PathRejected:
+            continue
+    return frozenset(found)
+
+
+def named_in(path: str, named: frozenset[str]) -> bool:
+    """Whether ``path`` was named: exactly, or below one top-level input folder.
+
+    The second form serves coding steps, where a checkout is an input folder
+    (``repo/``) and the operator names ``billing/utils.py`` inside it.
+    """
+    if path in named:
+        return True
+    head, sep, rest = path.partition("/")
+    return bool(sep) and rest in named
+
+
+def check_write_target(
+    raw: object, *, writes: Iterable[str], prompt: str | None
+) -> str:
+    """Normalise a write target and check ``writes`` and (for patches) mentions.
+
+    ``prompt`` is ``None`` when the tool does not need mention coupling.
+    """
+    path = normalise(raw)
+    writes = list(writes)
+    if not allowed_by(path, writes):
+        raise PathRejected(
+            f"path {path!r} is not inside the step's allowed writes {writes}; nothing was written"
+        )
+    if prompt is not None and not named_in(path, mentions(prompt)):
+        raise PathRejected(
+            f"path {path!r} was not named in the operator's request; only files the request names may be patched"
+        )
+    return path
+
+
+def is_symlink_free(root: Path, rel: str) -> bool:
+    """True when no component of ``rel`` under ``root`` is a symlink."""
+    cur = root
+    for part in rel.split("/"):
+        cur = cur / part
+        if os.path.islink(cur):
+            return False
+    return True

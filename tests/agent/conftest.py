@@ -1,0 +1,122 @@
+"""Drive one agent item the way the runner does: inputs in work/, session, jail, finish."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from stockade.agent import AgentJob, AgentOutcome, start_agent  # noqa: E402
+from stockade.sandbox.base import Backend  # noqa: E402
+from stockade.sandbox.none import NoneBackend  # noqa: E402
+from stockade.sandbox.policy import Policy  # noqa: E402
+from stockade.spec.model import Agent  # noqa: E402
+
+
+def _bwrap_backend() -> Backend | None:
+    try:
+        from stockade.sandbox import get_backend  # type: ignore[attr-defined]
+
+        b: Backend = get_backend("bwrap")
+    except Exception:
+        return None
+    return b if b.availability().available else None
+
+
+def backends() -> list[object]:
+    """``none`` always; ``bwrap`` once its backend exists (skipped, not hidden, if not)."""
+    bw = _bwrap_backend()
+    return [
+        pytest.param("none", id="none"),
+        pytest.param(
+            "bwrap",
+            id="bwrap",
+            marks=pytest.mark.skipif(bw is None, reason="stockade.sandbox.get_backend('bwrap') not available"),
+        ),
+    ]
+
+
+def get(name: str) -> Backend:
+    if name == "none":
+        return NoneBackend()
+    b = _bwrap_backend()
+    assert b is not None
+    return b
+
+
+@dataclass
+class Item:
+    root: Path
+    work: Path
+    meta: Path
+    runtime: Path
+    echoed: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+    pids: list[int] = field(default_factory=list)
+    log: str = ""
+
+
+def run_item(
+    tmp: Path,
+    *,
+    backend: str,
+    agent: Agent,
+    host_env: Mapping[str, str],
+    inputs: Mapping[str, str] = {},
+    item_name: str = "0",
+    interactive: bool = False,
+    ask: Callable[[str], bool] | None = None,
+    timeout: float | None = 60,
+    prepare: Callable[[Path], None] | None = None,
+    tamper: Callable[[Path], None] | None = None,
+) -> tuple[AgentOutcome, Item]:
+    root = tmp / "runs" / "r1" / "step" / item_name
+    work, meta = root / "work", root / "meta" / "attempts" / "1"
+    runtime = Path(tmp / "rt" / item_name)
+    (work / "out").mkdir(parents=True)
+    for rel, text in inputs.items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_text(text)
+    if prepare:
+        prepare(work)
+    it = Item(root, work, meta, runtime)
+    job = AgentJob(
+        run_id="r1", step="step", item=0, attempt=1, config=agent, work_dir=work, meta_dir=meta,
+        runtime_dir=runtime, timeout=timeout, host_env=dict(host_env), echo=it.echoed.append,
+        interactive=interactive,
+    )
+    kw = {"ask": ask} if ask else {}
+    with start_agent(job, **kw) as s:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"} | dict(s.launch.env)
+        policy = Policy(argv=s.launch.argv, work_dir=work, scratch_dir=tmp / "scratch" / item_name,
+                        env=env, mounts=s.launch.mounts, network="none")
+        logf = open(meta / "jail.log", "wb")
+        running = get(backend).start(policy, stdout=logf, stderr=logf)
+        it.pids.append(running.pid)
+        code = running.wait(timeout)
+        if code is None:
+            running.kill()
+        logf.close()
+        if tamper:
+            tamper(work)
+        it.exit_code = code
+        it.log = (meta / "jail.log").read_text()
+        outcome = s.finish(code)
+    return outcome, it
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short tmp dir (unix socket paths are limited to 108 bytes)."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="sa-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
