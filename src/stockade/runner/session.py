@@ -90,8 +90,28 @@ def apply_overrides(spec: Spec, overrides: Mapping[str, str] | None) -> dict[str
         if key not in values:
             declared = ", ".join(sorted(values)) or "none"
             raise UserError(f"--var {key}=...: {key!r} is not declared under vars: (declared: {declared})")
-        values[key] = value
+        values[key] = _coerce(key, value, values[key])
     return values
+
+
+def _coerce(key: str, raw: str, default: Any) -> Any:
+    """Give an override the type of the declared default (``--var threshold=30`` stays a number)."""
+    if isinstance(default, str) or default is None:
+        return raw
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int | float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        raise UserError(f"--var {key}={raw}: expected a {type(default).__name__} like the declared "
+                        f"default {json.dumps(default)}")
+    return value
 
 
 def fingerprint_inputs(spec: Spec, base: Path) -> tuple[dict[str, HostFile], dict[str, HostTree]]:

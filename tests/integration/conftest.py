@@ -1,0 +1,69 @@
+"""Helpers for driving the real ``stockade`` command line in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+class Project:
+    """A temporary folder holding a workflow and its stockade root."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.root = path / ".stockade"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("STOCKADE_")}
+        self.env["STOCKADE_HOME"] = str(self.root)
+
+    def write(self, name: str, text: str) -> Path:
+        p = self.path / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text))
+        return p
+
+    def cmd(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "stockade.cli.main", *args]
+
+    def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> Result:
+        p = subprocess.run(
+            self.cmd(*args), cwd=self.path, env={**self.env, **(env or {})},
+            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        )
+        return Result(p.returncode, p.stdout, p.stderr)
+
+    def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.cmd(*args), cwd=self.path, env={**self.env, **(env or {})},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def item(self, run_id: str, step: str, item: int = 0) -> Path:
+        return self.root / "runs" / run_id / step / str(item)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Project:
+    return Project(tmp_path)
+
+
+ProjectFactory = Callable[[], Project]

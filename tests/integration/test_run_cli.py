@@ -1,0 +1,412 @@
+"""End-to-end runs through the real CLI: fan-out, artifacts, retries, failures.
+
+These run under the best available sandbox (bwrap in CI), like a user's run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import Project
+
+FANOUT = """
+name: fan
+vars:
+  n: 3
+steps:
+  - id: gather
+    run: |
+      printf '["a","b","c"]' > out/names.json
+      echo gathered
+  - id: each
+    needs: [gather]
+    for_each: "{{ steps.gather.outputs['names.json'] | from_json }}"
+    inputs:
+      name.txt: "{{ item }}"
+      names.json: "{{ steps.gather.outputs['names.json'] }}"
+    run: |
+      echo "hello $(cat name.txt) from $STOCKADE_STEP/$STOCKADE_ITEM attempt $STOCKADE_ATTEMPT" > out/greeting.txt
+      cat out/greeting.txt
+  - id: pick
+    needs: [each]
+    for_each: "{{ steps.each.items }}"
+    keep: "{{ item.value != 'b' }}"
+  - id: join
+    needs: [pick]
+    inputs:
+      kept.json: "{{ steps.pick.result }}"
+      first.txt: "{{ steps.pick.items[0].outputs['greeting.txt'] }}"
+    run: cat first.txt; grep -c greeting kept.json
+"""
+
+
+def test_fan_out_with_artifacts_and_keep(project: Project) -> None:
+    wf = project.write("wf.yaml", FANOUT)
+    r = project.run("run", str(wf), "--run-id", "r1", "--json")
+    assert r.code == 0, r.err
+    summary = r.json()
+    assert summary["status"] == "succeeded"
+    assert summary["items"]["each"] == {"succeeded": 3}
+    greeting = project.item("r1", "each", 1) / "work" / "out" / "greeting.txt"
+    assert greeting.read_text() == "hello b from each/1 attempt 1\n"
+    join = (project.item("r1", "join") / "meta" / "attempts" / "1" / "stdout").read_text()
+    assert join.splitlines()[0] == "hello a from each/0 attempt 1"
+    kept = json.loads((project.item("r1", "join") / "meta/attempts/1/work").parent.joinpath(
+        "provenance.json").read_text())
+    sources = {i["name"]: i["source"] for i in kept["inputs"]}
+    assert sources["first.txt"]["kind"] == "artifact"
+    assert sources["first.txt"]["run_id"] == "r1"
+    assert sources["first.txt"]["step"] == "each"
+    assert sources["first.txt"]["item"] == 0
+
+
+def test_manifest_records_run_workflow_inputs_and_sandbox(project: Project) -> None:
+    project.write("data/in.txt", "payload\n")
+    wf = project.write("wf.yaml", """
+        name: m
+        vars: {day: "2026-09-14"}
+        steps:
+          - id: a
+            inputs:
+              in.txt: "{{ file('data/in.txt') }}"
+            run: cat in.txt
+    """)
+    r = project.run("run", str(wf), "--run-id", "m1", "--var", "day=2026-09-15")
+    assert r.code == 0, r.err
+    m = json.loads((project.root / "runs" / "m1" / "manifest.json").read_text())
+    assert m["run_id"] == "m1"
+    assert m["vars"] == {"day": "2026-09-15"}
+    assert m["workflow"]["sha256"]
+    import hashlib
+
+    assert m["input_fingerprints"]["file:data/in.txt"] == hashlib.sha256(b"payload\n").hexdigest()
+    assert m["sandbox"]["backend"]
+    assert isinstance(m["sandbox"]["enforced"], bool)
+    assert m["engine"]["version"]
+
+
+def test_reused_run_id_is_refused_and_nothing_is_touched(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: r
+        steps:
+          - id: a
+            run: echo first > out/x.txt
+    """)
+    assert project.run("run", str(wf), "--run-id", "same").code == 0
+    before = (project.item("same", "a") / "work" / "out" / "x.txt").stat().st_mtime_ns
+    r = project.run("run", str(wf), "--run-id", "same")
+    assert r.code == 2
+    assert "never reused" in r.err
+    assert "Traceback" not in r.err
+    assert (project.item("same", "a") / "work" / "out" / "x.txt").stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize("bad", ["../x", ".hidden", "a/b", "x" * 129])
+def test_invalid_run_id_exits_2(project: Project, bad: str) -> None:
+    wf = project.write("wf.yaml", "name: r\nsteps:\n  - id: a\n    run: 'true'\n")
+    r = project.run("run", str(wf), "--run-id", bad)
+    assert r.code == 2
+    assert "invalid run id" in r.err
+    assert not (project.root / "runs").exists() or not any((project.root / "runs").iterdir())
+
+
+def test_retry_never_sees_previous_attempt_files(project: Project) -> None:
+    # Attempt 1 writes its report then fails (like a model call that timed out);
+    # attempt 2 must not find it and "skip generation".
+    wf = project.write("wf.yaml", """
+        name: retry
+        steps:
+          - id: summarise
+            retries: 2
+            run: |
+              if [ -e out/report.json ] || [ -e stale.txt ]; then echo "SAW STALE"; exit 3; fi
+              echo "{\\"attempt\\": $STOCKADE_ATTEMPT}" > out/report.json
+              touch stale.txt
+              [ "$STOCKADE_ATTEMPT" -ge 2 ] || exit 1
+    """)
+    r = project.run("run", str(wf), "--run-id", "t1")
+    assert r.code == 0, r.err
+    item = project.item("t1", "summarise")
+    assert json.loads((item / "work" / "out" / "report.json").read_text()) == {"attempt": 2}
+    assert "SAW STALE" not in (item / "meta" / "attempts" / "2" / "stdout").read_text()
+    # The first attempt's tree is kept for inspection, outside the jail's world.
+    assert (item / "meta" / "attempts" / "1" / "work" / "out" / "report.json").exists()
+    show = project.run("show", "t1", "summarise/0", "--json").json()
+    assert [a["outcome"] for a in show["attempts"]] == ["failed", "succeeded"]
+
+
+def test_failed_item_skips_dependents_but_not_independent_branches(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: branches
+        steps:
+          - id: bad
+            run: exit 7
+          - id: after-bad
+            needs: [bad]
+            run: echo never
+          - id: good
+            run: echo fine > out/ok.txt
+          - id: after-good
+            needs: [good]
+            inputs:
+              ok.txt: "{{ steps.good.outputs['ok.txt'] }}"
+            run: cat ok.txt
+    """)
+    r = project.run("run", str(wf), "--run-id", "b1", "--json")
+    assert r.code == 1
+    s = r.json()
+    assert s["steps"] == {"bad": "failed", "after-bad": "skipped", "good": "succeeded",
+                          "after-good": "succeeded"}
+    assert any("exit status 7" in p for p in s["problems"])
+
+
+def test_timeout_kills_the_whole_process_group(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: slow
+        steps:
+          - id: hang
+            timeout: 1
+            run: |
+              sleep 301.5 &
+              sleep 301.5
+    """)
+    t0 = time.monotonic()
+    r = project.run("run", str(wf), "--run-id", "h1", "--json")
+    assert r.code == 1
+    assert time.monotonic() - t0 < 30
+    assert any("timed out after 1s" in p for p in r.json()["problems"])
+    time.sleep(0.5)
+    assert _processes("sleep 301.5") == []
+
+
+def _processes(cmdline: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if raw.replace(b"\0", b" ").decode(errors="replace").strip() == cmdline:
+            found.append(pid)
+    return found
+
+
+def test_environment_is_built_not_inherited_and_secrets_are_masked(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: env
+        secrets: [API_TOKEN]
+        steps:
+          - id: with-secret
+            secrets: [API_TOKEN]
+            env: {GREETING: hi}
+            run: |
+              echo "token=$API_TOKEN greeting=$GREETING canary=${HOST_CANARY:-absent}"
+              echo "err $API_TOKEN" >&2
+          - id: without
+            run: echo "token=${API_TOKEN:-absent} canary=${HOST_CANARY:-absent}"
+    """)
+    secret = "s3cr3t-value-123456"
+    r = project.run("run", str(wf), "--run-id", "e1",
+                    env={"API_TOKEN": secret, "HOST_CANARY": "leaked"})
+    assert r.code == 0, r.err
+    w = (project.item("e1", "with-secret") / "meta/attempts/1/stdout").read_text()
+    assert w.strip() == "token=******** greeting=hi canary=absent"
+    assert secret not in (project.item("e1", "with-secret") / "meta/attempts/1/stderr").read_text()
+    wo = (project.item("e1", "without") / "meta/attempts/1/stdout").read_text()
+    assert wo.strip() == "token=absent canary=absent"
+    for path in project.root.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+
+
+def test_stockade_variables_are_set(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: vars
+        steps:
+          - id: s
+            for_each: [x, y]
+            run: echo "$STOCKADE_RUN_ID $STOCKADE_STEP $STOCKADE_ITEM $STOCKADE_ATTEMPT"
+    """)
+    r = project.run("run", str(wf), "--run-id", "v1")
+    assert r.code == 0, r.err
+    assert (project.item("v1", "s", 1) / "meta/attempts/1/stdout").read_text() == "v1 s 1 1\n"
+
+
+def test_run_values_are_shell_quoted(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: quote
+        vars:
+          evil: "x'; touch pwned; echo '"
+        steps:
+          - id: s
+            run: echo {{ vars.evil }}
+    """)
+    r = project.run("run", str(wf), "--run-id", "q1")
+    assert r.code == 0, r.err
+    assert not (project.item("q1", "s") / "work" / "pwned").exists()
+    assert (project.item("q1", "s") / "meta/attempts/1/stdout").read_text() == \
+        "x'; touch pwned; echo '\n"
+
+
+def test_symlink_in_out_is_refused_and_not_copied_downstream(project: Project) -> None:
+    project.write("host-secret.txt", "TOP SECRET")
+    wf = project.write("wf.yaml", """
+        name: links
+        steps:
+          - id: a
+            run: ln -s /etc/hostname out/link.txt
+          - id: b
+            needs: [a]
+            inputs:
+              x: "{{ steps.a.outputs['link.txt'] }}"
+            run: cat x
+    """)
+    r = project.run("run", str(wf), "--run-id", "l1", "--json")
+    assert r.code == 1
+    assert any("symlink" in p for p in r.json()["problems"])
+    assert r.json()["steps"]["b"] == "skipped"
+
+
+def test_tampered_artifact_fails_the_consumer(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: tamper
+        steps:
+          - id: a
+            run: echo original > out/x.txt
+          - id: b
+            needs: [a]
+            inputs:
+              x.txt: "{{ steps.a.outputs['x.txt'] }}"
+            run: cat x.txt
+    """)
+    assert project.run("run", str(wf), "--run-id", "t1").code == 0
+    # Overwrite a's output as another run or a careless script would, then
+    # resume after forgetting b: the changed file must not flow on.
+    (project.item("t1", "a") / "work/out/x.txt").write_text("forged\n")
+    r = project.run("resume", "t1", "--json")
+    # a no longer verifies, so it reruns in a fresh attempt; b sees only a's new output.
+    assert r.code == 0, r.err
+    assert (project.item("t1", "a") / "work/out/x.txt").read_text() == "original\n"
+    assert (project.item("t1", "b") / "work/x.txt").read_text() == "original\n"
+
+
+def test_sigint_interrupts_cleanly_with_130(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: int
+        steps:
+          - id: slow
+            for_each: [1, 2, 3, 4]
+            run: sleep 60
+    """)
+    p = project.popen("run", str(wf), "--run-id", "i1")
+    _wait_for(lambda: (project.item("i1", "slow", 0) / "meta/attempts/1/stdout").exists())
+    time.sleep(0.5)
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "Traceback" not in err
+    runs = project.run("runs", "--json").json()
+    assert runs[0]["status"] == "interrupted"
+
+
+def _wait_for(cond: object, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met")
+
+
+def test_sigkill_then_resume_keeps_verified_items(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: crash
+        steps:
+          - id: work
+            for_each: [0, 1, 2, 3, 4, 5]
+            inputs:
+              i.txt: "{{ item }}"
+            run: |
+              i=$(cat i.txt)
+              if [ "$i" -ge 3 ] && [ "$STOCKADE_ATTEMPT" = 1 ]; then sleep 302.5; fi
+              echo "result $i" > out/r.txt
+              echo "$i"
+          - id: total
+            needs: [work]
+            inputs:
+              all.json: "{{ steps.work.result }}"
+            run: cat all.json
+    """)
+    p = project.popen("run", str(wf), "--run-id", "k1", "--jobs", "2")
+    done = [project.item("k1", "work", i) / "meta" / "completion.json" for i in range(3)]
+    _wait_for(lambda: all(d.exists() for d in done))
+    _wait_for(lambda: len(_processes("sleep 302.5")) >= 1)
+    time.sleep(0.5)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    r = project.run("resume", "k1", "--json", timeout=180)
+    assert r.code == 0, r.err
+    attempts = {}
+    for i in range(6):
+        show = project.run("show", "k1", f"work/{i}", "--json").json()
+        assert show["items"][0]["status"] == "succeeded"
+        attempts[i] = [a["attempt"] for a in show["attempts"]]
+    # Verified items were not rerun; interrupted ones ran again in attempt 2.
+    assert attempts[0] == attempts[1] == attempts[2] == [1]
+    assert attempts[3] == [1, 2]
+    assert attempts[4][-1] in (1, 2) and attempts[5][-1] in (1, 2)
+    total = (project.item("k1", "total") / "meta/attempts/1/stdout").read_text()
+    assert json.loads(total) == ["0", "1", "2", "3", "4", "5"]
+    for i in range(6):
+        assert (project.item("k1", "work", i) / "work/out/r.txt").read_text() == f"result {i}\n"
+
+
+def test_resume_refuses_a_changed_workflow(project: Project) -> None:
+    wf = project.write("wf.yaml", "name: c\nsteps:\n  - id: a\n    run: exit 1\n")
+    assert project.run("run", str(wf), "--run-id", "c1").code == 1
+    wf.write_text("name: c\nsteps:\n  - id: a\n    run: exit 0\n")
+    r = project.run("resume", "c1")
+    assert r.code == 2
+    assert "changed since run c1 started" in r.err
+
+
+def test_resume_of_a_finished_run_reruns_nothing(project: Project) -> None:
+    marker = project.path / "count"
+    wf = project.write("wf.yaml", f"""
+        name: done
+        steps:
+          - id: a
+            for_each: [1, 2]
+            isolate: false
+            run: echo x >> {marker}; echo ok > out/o.txt
+    """)
+    assert project.run("run", str(wf), "--run-id", "d1").code == 0
+    assert project.run("resume", "d1").code == 0
+    assert marker.read_text().count("x") == 2
+
+
+def test_why_shows_the_provenance_chain(project: Project) -> None:
+    wf = project.write("wf.yaml", FANOUT)
+    assert project.run("run", str(wf), "--run-id", "w1").code == 0
+    chain = project.run("why", "w1", "join", "--json").json()
+    first = next(i for i in chain["inputs"] if i["name"] == "first.txt")
+    assert first["from"]["step"] == "each"
+    assert first["from"]["inputs"][1]["from"]["step"] == "gather"
+    text = project.run("why", "w1", "each/0", "greeting.txt")
+    assert text.code == 0 and "gather/0:out/names.json" in text.out
+
+
+def test_logs_and_runs(project: Project) -> None:
+    wf = project.write("wf.yaml", "name: l\nsteps:\n  - id: a\n    run: echo hello; echo oops >&2\n")
+    assert project.run("run", str(wf), "--run-id", "lg").code == 0
+    assert project.run("logs", "lg", "a/0").out == "hello\n"
+    assert project.run("logs", "lg", "a/0", "--stderr").out == "oops\n"
+    assert "lg" in project.run("runs").out
