@@ -6,16 +6,22 @@ runner.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
 
 class PopenJail:
-    """A child started with ``start_new_session=True`` so its group can be killed whole."""
+    """A child started with ``start_new_session=True`` so its group can be killed whole.
+
+    ``user``/``group`` switch the child to another uid before exec (the engine
+    runs as root: the jail must not be host root, see ``bwrap``).
+    ``on_exit`` runs once after the child has been reaped (releases helpers).
+    """
 
     def __init__(
         self,
@@ -26,6 +32,9 @@ class PopenJail:
         stdout: IO[bytes] | int,
         stderr: IO[bytes] | int,
         pass_fds: Sequence[int] = (),
+        user: int | None = None,
+        group: int | None = None,
+        on_exit: Callable[[], None] | None = None,
     ) -> None:
         self._proc = subprocess.Popen(
             list(argv),
@@ -37,28 +46,36 @@ class PopenJail:
             start_new_session=True,
             close_fds=True,
             pass_fds=tuple(pass_fds),
+            user=user,
+            group=group,
+            extra_groups=[] if user is not None else None,
         )
+        self._on_exit = on_exit
 
     @property
     def pid(self) -> int:
-        return self._proc.pid
+        pid: int = self._proc.pid
+        return pid
 
     def wait(self, timeout: float | None = None) -> int | None:
         try:
-            return self._proc.wait(timeout)
+            status: int = self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
+        if self._on_exit is not None:
+            hook, self._on_exit = self._on_exit, None
+            hook()
+        return status
 
     def kill(self, grace: float = 2.0) -> None:
+        if self._proc.returncode is not None:
+            return  # reaped: the pid may belong to someone else now
         for sig, wait_for in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
             if self.wait(wait_for) is not None:
-                # The leader is gone; make sure nothing else in its group lingers.
-                try:
+                # The leader is gone; a pid stays reserved while its group has
+                # members, so this reaches only leftovers of this jail.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self._proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
                 return

@@ -1,0 +1,223 @@
+"""The landlock exec helper: a single-threaded fork server, one per engine.
+
+Starting Python costs ~60 ms, so one helper is started once and forks a child
+per item. The engine sends spawn requests as JSON over a ``SOCK_SEQPACKET``
+socket with the item's stdout and stderr passed by ``SCM_RIGHTS``. The forked
+child starts a new session, sets the parent-death signal and rlimits, drops
+to the jail uid (when the engine is root), applies Landlock, sets
+no_new_privs, installs the seccomp filter and ``execve``s. The server reports
+``started`` (pid) or ``failed`` (why), then ``exited`` (status) after reaping;
+when an item's main process exits, the rest of its process group is killed
+(as bwrap's pid namespace would be). The helper is a child subreaper, so
+orphans come back to it and are reaped.
+
+When the engine closes its end, the helper kills every jail and exits; it
+also dies with the engine (PDEATHSIG).
+
+Standard library only, plus the two stdlib-only sibling modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import sys
+from typing import Any
+
+from stockade.sandbox import _landlock, seccomp
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+MAX_MSG = 1 << 20
+
+
+def _count_processes(uid: int) -> int:
+    n = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    n += 1
+    return n
+
+
+def _child(req: dict[str, Any], out_fd: int, err_fd: int, report_fd: int) -> None:
+    """In the forked child: confine, then exec. Never returns."""
+    stage = "setup"
+    try:
+        os.setsid()
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        devnull = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        os.closerange(3, report_fd)
+        os.closerange(report_fd + 1, 65536)
+        stage = "rlimits"
+        limits = req["rlimits"]
+        uid = req.get("uid")
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        for key, which in (
+            ("as", resource.RLIMIT_AS),
+            ("cpu", resource.RLIMIT_CPU),
+            ("fsize", resource.RLIMIT_FSIZE),
+        ):
+            if limits.get(key) is not None:
+                resource.setrlimit(which, (limits[key], limits[key]))
+        if limits.get("nproc") is not None:
+            # RLIMIT_NPROC counts every process of the uid on the host here
+            # (no user namespace): allow what exists now plus the step's share.
+            base = _count_processes(uid if uid is not None else os.getuid())
+            n = base + limits["nproc"]
+            resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
+        stage = "chdir"
+        os.chdir(req["cwd"])
+        stage = "landlock"
+        # Rules are built from paths opened while still privileged, so a jail
+        # uid without search permission above work/ still gets its rules.
+        ruleset = _landlock.build_ruleset(
+            req["abi"],
+            read_only=req["read_only"],
+            read_write=req["read_write"],
+            write_fds=[fd for fd in (1, 2) if _is_regular(fd)],
+            handle_net=req["handle_net"],
+            connect_ports=req["connect_ports"],
+            scoped=True,
+        )
+        if uid is not None:
+            stage = "setuid"
+            os.setgroups([])
+            os.setgid(req["gid"])
+            os.setuid(uid)
+        stage = "landlock"
+        _landlock.enforce(ruleset)
+        stage = "seccomp"
+        seccomp.install(bytes.fromhex(req["seccomp"]))
+        stage = "exec"
+        os.execvpe(req["argv"][0], req["argv"], req["env"])
+    except BaseException as e:  # report and vanish: the child must never return
+        msg = f"{stage}: {e}".encode(errors="replace")
+        with contextlib.suppress(OSError):
+            os.write(report_fd, msg[:4000])
+    os._exit(127)
+
+
+def _is_regular(fd: int) -> bool:
+    import stat
+
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+
+
+class Server:
+    def __init__(self, ctl: socket.socket) -> None:
+        self.ctl = ctl
+        self.children: set[int] = set()
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def send(self, msg: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):
+            self.ctl.send(json.dumps(msg).encode())
+
+    def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
+        report_r, report_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            pid = os.fork()
+        except OSError as e:
+            os.close(report_r)
+            os.close(report_w)
+            self.send({"type": "failed", "id": req["id"], "error": f"fork: {e}"})
+            return
+        if pid == 0:
+            os.close(report_r)
+            _child(req, fds[0], fds[1], report_w)
+        os.close(report_w)
+        chunks = []
+        while True:
+            data = os.read(report_r, 4096)
+            if not data:
+                break
+            chunks.append(data)
+        os.close(report_r)
+        if chunks:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            error = b"".join(chunks).decode(errors="replace")
+            self.send({"type": "failed", "id": req["id"], "error": error})
+            return
+        self.children.add(pid)
+        self.send({"type": "started", "id": req["id"], "pid": pid})
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in self.children:
+                self.children.discard(pid)
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+                code = os.waitstatus_to_exitcode(status)
+                self.send({"type": "exited", "pid": pid, "status": code})
+
+    def kill_all(self) -> None:
+        for pid in self.children:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+
+    def run(self) -> None:
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self.wake_w)
+        while True:
+            try:
+                ready, _, _ = select.select([self.ctl.fileno(), self.wake_r], [], [])
+            except InterruptedError:
+                continue
+            if self.wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(self.wake_r, 4096):
+                        pass
+                self.reap()
+            if self.ctl.fileno() in ready:
+                try:
+                    data, fds, _flags, _addr = socket.recv_fds(self.ctl, MAX_MSG, 4)
+                except OSError:
+                    data, fds = b"", []
+                if not data:
+                    self.kill_all()
+                    return
+                try:
+                    self.spawn(json.loads(data), fds)
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+                self.reap()
+
+
+def main(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if os.getppid() == 1:
+        sys.exit(0)  # the engine died before we set the death signal
+    ctl = socket.socket(fileno=fd)
+    Server(ctl).run()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

@@ -1,0 +1,288 @@
+"""The ``bwrap`` backend: bubblewrap with an empty root and fresh namespaces.
+
+The jail sees: the host system directories read-only (``/usr`` and the
+``/bin``, ``/lib*``, ``/sbin`` symlinks or directories as on the host), a short
+list of ``/etc`` files (never ``/etc/shadow``), a fresh ``/proc``, a minimal
+``/dev``, a private tmpfs ``/tmp`` (TMPDIR) and ``/home/stockade`` (HOME), and
+the item's ``work/`` read-write **at its host path** (the same path the
+landlock backend, which cannot remap, shows; tools printing absolute paths
+behave the same under both). Nothing else of the host exists in it: no
+``/run``, no host ``/tmp``, no host HOME, no neighbour, no ``meta/``.
+
+Namespaces: user, pid, ipc, uts, cgroup, net (``--unshare-all``; ``--share-net``
+only for ``network: open``), plus ``--disable-userns``, ``--new-session``,
+``--die-with-parent``, ``--cap-drop ALL`` and the seccomp filter from
+``seccomp.build_filter`` on ``--seccomp FD``.
+
+Environment values never appear on a command line: bwrap inherits the jail
+environment from its own process environment (it is not setuid, so nothing
+strips it), and ``/proc/*/cmdline`` shows only names of paths.
+
+Resources are rlimits set by ``prlimit`` inside the jail, after the user
+namespace exists. RLIMIT_NPROC is counted per (user namespace, uid) since
+Linux 5.14, so inside a fresh user namespace it counts only this jail's
+processes. Host root is exempt from RLIMIT_NPROC, so when the engine runs as
+root the jail runs as ``nobody`` (65534): the item's ``work/`` is handed to
+that uid before start.
+
+Stdlib and ``stockade.sandbox`` only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from stockade.errors import InfraError
+from stockade.sandbox import seccomp
+from stockade.sandbox._popen import PopenJail
+from stockade.sandbox.base import Availability, Backend, Running
+from stockade.sandbox.policy import Policy, Resources
+
+JAIL_HOME = "/home/stockade"
+JAIL_TMP = "/tmp"
+#: In-jail port of the relay to the host egress proxy (``network: proxy``).
+PROXY_PORT = 3128
+#: Where helper files (the relay script, the proxy socket) appear in the jail.
+HELPER_DIR = "/.stockade"
+#: The uid/gid a jail runs as when the engine is root.
+JAIL_UID = 65534
+JAIL_GID = 65534
+
+SYSTEM_DIRS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+#: /etc entries a process commonly needs: the loader, users and groups for
+#: ``id``/``whoami``, name service config, time zone, TLS roots, locale, the
+#: Debian alternatives symlinks that ``/usr/bin`` points into.
+ETC_FILES: tuple[str, ...] = (
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf",
+    "hosts", "host.conf", "gai.conf", "localtime", "timezone", "ssl", "ca-certificates",
+    "ca-certificates.conf", "pki", "alternatives", "os-release", "debian_version",
+    "lsb-release", "mime.types", "protocols", "services", "locale.alias", "locale.conf",
+    "inputrc", "terminfo", "magic", "magic.mime", "bash.bashrc", "profile", "shells",
+    "python3", "python3.11", "python3.12", "gitconfig",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """What the host offers; scanned once so ``bwrap_argv`` can stay pure."""
+
+    symlinks: Mapping[str, str] = field(default_factory=dict)
+    dirs: tuple[str, ...] = ()
+    etc: tuple[str, ...] = ()
+    prlimit: str | None = None
+    python: str | None = None
+    resolv_conf: str | None = None
+
+
+def scan_host() -> HostLayout:
+    links: dict[str, str] = {}
+    dirs: list[str] = []
+    for p in SYSTEM_DIRS:
+        if os.path.islink(p):
+            links[p] = os.readlink(p)
+        elif os.path.isdir(p):
+            dirs.append(p)
+    etc = tuple(f"/etc/{n}" for n in ETC_FILES if os.path.lexists(f"/etc/{n}"))
+    resolv = os.path.realpath("/etc/resolv.conf") if os.path.exists("/etc/resolv.conf") else None
+    python = next((p for p in ("/usr/bin/python3", "/bin/python3") if os.path.exists(p)), None)
+    prlimit = next((p for p in ("/usr/bin/prlimit", "/bin/prlimit") if os.path.exists(p)), None)
+    return HostLayout(links, tuple(dirs), etc, prlimit, python, resolv)
+
+
+def jail_env(policy: Policy) -> dict[str, str]:
+    """The complete environment of the jailed process (HOME/TMPDIR inside)."""
+    env = dict(policy.env)
+    env["HOME"] = JAIL_HOME
+    env["TMPDIR"] = JAIL_TMP
+    if policy.network == "proxy":
+        env.update(proxy_env(f"http://127.0.0.1:{PROXY_PORT}"))
+    return env
+
+
+def proxy_env(url: str) -> dict[str, str]:
+    env = {}
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        env[name] = url
+        env[name.lower()] = url
+    env["NO_PROXY"] = env["no_proxy"] = ""
+    return env
+
+
+def rlimit_prefix(resources: Resources, prlimit: str | None) -> list[str]:
+    """``prlimit --as=... --`` for the limits that are set (core dumps always off)."""
+    opts: list[str] = []
+    if resources.memory_bytes is not None:
+        opts.append(f"--as={resources.memory_bytes}")
+    if resources.cpu_seconds is not None:
+        opts.append(f"--cpu={resources.cpu_seconds}")
+    if resources.processes is not None:
+        opts.append(f"--nproc={resources.processes}")
+    if resources.file_size_bytes is not None:
+        opts.append(f"--fsize={resources.file_size_bytes}")
+    if not opts:
+        return []
+    if prlimit is None:
+        raise InfraError("resource limits need prlimit: apt-get install util-linux")
+    return [prlimit, *opts, "--core=0", "--"]
+
+
+def bwrap_argv(
+    policy: Policy,
+    layout: HostLayout,
+    *,
+    seccomp_fd: int,
+    relay_script: str | None = None,
+    path_fds: Mapping[str, int] | None = None,
+    bwrap: str = "bwrap",
+) -> list[str]:
+    """The bubblewrap command line for ``policy``. Pure: no I/O, no environment values.
+
+    ``path_fds`` maps host paths the engine opened (``O_PATH``) to fd numbers
+    passed to bwrap: it then binds the fd (``--bind-fd``), so a jail uid that
+    cannot traverse the engine's directories still gets its ``work/``.
+    """
+    fds = path_fds or {}
+    work = str(policy.work_dir)
+
+    def bind(src: str, dest: str, writable: bool) -> list[str]:
+        if src in fds:
+            return ["--bind-fd" if writable else "--ro-bind-fd", str(fds[src]), dest]
+        return ["--bind" if writable else "--ro-bind", src, dest]
+
+    argv = [bwrap, "--unshare-all", "--unshare-user"]
+    if policy.network == "open":
+        argv.append("--share-net")
+    argv += [
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop", "ALL",
+        "--hostname", "stockade",
+    ]  # fmt: skip
+    for d in layout.dirs:
+        argv += ["--ro-bind", d, d]
+    for link, target in sorted(layout.symlinks.items()):
+        argv += ["--symlink", target, link]
+    for e in layout.etc:
+        argv += ["--ro-bind", e, e]
+    if policy.network == "open" and layout.resolv_conf:
+        argv += ["--ro-bind", layout.resolv_conf, "/etc/resolv.conf"]
+    argv += [
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--tmpfs", JAIL_TMP,
+        "--tmpfs", JAIL_HOME,
+    ]  # fmt: skip
+    for m in policy.mounts:
+        argv += bind(str(m.source), m.target, m.writable)
+    if policy.network == "proxy":
+        if policy.proxy_socket is None or relay_script is None or layout.python is None:
+            raise InfraError("network: proxy needs a proxy socket and /usr/bin/python3 on the host")
+        argv += bind(relay_script, f"{HELPER_DIR}/relay.py", False)
+        argv += bind(str(policy.proxy_socket), f"{HELPER_DIR}/proxy.sock", False)
+    argv += bind(work, work, True)
+    argv += ["--chdir", work, "--seccomp", str(seccomp_fd), "--"]
+    argv += rlimit_prefix(policy.resources, layout.prlimit)
+    if policy.network == "proxy":
+        assert layout.python is not None
+        argv += [
+            layout.python, "-I", "-S", f"{HELPER_DIR}/relay.py",
+            f"{HELPER_DIR}/proxy.sock", str(PROXY_PORT), "--",
+        ]  # fmt: skip
+    argv += list(policy.argv)
+    return argv
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    os.chown(root, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in dirnames + filenames:
+            os.chown(os.path.join(dirpath, n), uid, gid, follow_symlinks=False)
+
+
+class BwrapBackend(Backend):
+    name = "bwrap"
+
+    def __init__(self, bwrap: str | None = None) -> None:
+        self._bwrap = bwrap or shutil.which("bwrap") or "/usr/bin/bwrap"
+        self._layout: HostLayout | None = None
+        self._filter: bytes | None = None
+
+    def availability(self) -> Availability:
+        if not sys.platform.startswith("linux"):
+            return Availability(False, "bubblewrap needs Linux")
+        if not os.path.exists(self._bwrap):
+            return Availability(False, "bwrap not found: apt-get install bubblewrap")
+        try:
+            seccomp.native_arch()
+        except OSError as e:
+            return Availability(False, str(e))
+        return Availability(True)
+
+    def limitations(self) -> tuple[str, ...]:
+        return (
+            "read-only system directories (/usr, /bin, /lib*, /sbin) and a few /etc files "
+            "are visible to every step",
+        )
+
+    def _prepare(self) -> tuple[HostLayout, bytes]:
+        if self._layout is None or self._filter is None:
+            self._layout = scan_host()
+            self._filter = seccomp.build_filter(seccomp.native_arch())
+        return self._layout, self._filter
+
+    def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:
+        layout, program = self._prepare()
+        user = group = None
+        if os.geteuid() == 0:
+            user, group = JAIL_UID, JAIL_GID
+            _chown_tree(policy.work_dir, JAIL_UID, JAIL_GID)
+        relay = str(Path(__file__).with_name("_relay.py"))
+        paths = [str(policy.work_dir), *(str(m.source) for m in policy.mounts)]
+        if policy.network == "proxy":
+            paths += [relay, str(policy.proxy_socket)]
+        opened: list[int] = []
+        try:
+            path_fds: dict[str, int] = {}
+            if user is not None:
+                for p in paths:
+                    fd = os.open(p, os.O_PATH | os.O_CLOEXEC)
+                    opened.append(fd)
+                    path_fds[p] = fd
+            rfd, wfd = os.pipe()
+            opened += [rfd, wfd]
+            os.write(wfd, program)  # < 1 KiB: fits the pipe buffer
+            argv = bwrap_argv(
+                policy,
+                layout,
+                seccomp_fd=rfd,
+                relay_script=relay,
+                path_fds=path_fds,
+                bwrap=self._bwrap,
+            )
+            return PopenJail(
+                argv,
+                cwd=policy.work_dir,
+                env=jail_env(policy),
+                stdout=stdout,
+                stderr=stderr,
+                pass_fds=(rfd, *path_fds.values()),
+                user=user,
+                group=group,
+            )
+        finally:
+            for fd in opened:
+                os.close(fd)
+
+
+def running_as_root() -> bool:
+    return os.geteuid() == 0
+
+
+__all__: Sequence[str] = ("BwrapBackend", "HostLayout", "bwrap_argv", "jail_env", "scan_host")

@@ -1,0 +1,370 @@
+"""The ``landlock`` backend: Landlock + seccomp + rlimits, no namespaces.
+
+For machines where bwrap is missing or blocked (unprivileged containers,
+Ubuntu 24.04's AppArmor rule on user namespaces). Nothing to install; Linux
+5.13 or newer. The jail sees the host's paths, but may only read and execute
+the system directories and the same ``/etc`` files as bwrap, read ``/proc``
+(Landlock's ptrace rule hides other processes' environ, memory, fds and
+root), and read and write its ``work/`` (cwd) and a private scratch directory
+(HOME and TMPDIR). TCP bind/connect are denied (ABI >= 4) except a connect to
+the egress relay's port with ``network: proxy``; seccomp refuses INET sockets
+entirely with ``network: none`` and UDP with ``proxy``, and AF_UNIX sockets
+unless the policy mounts a socket; abstract unix sockets and signals are
+scoped to the jail (ABI >= 6). ``setsid``/``setpgid`` are refused so the
+whole jail stays in one process group that a timeout can kill.
+
+Launch: ``landlock_request`` (pure) turns a policy into the request the
+single-threaded fork server (``_forkserver``) executes.
+
+Must not import runner, workspace, store or cli.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from stockade.errors import InfraError
+from stockade.sandbox import _landlock, seccomp
+from stockade.sandbox.base import Availability, Backend, Running
+from stockade.sandbox.bwrap import JAIL_GID, JAIL_UID, HostLayout, _chown_tree, proxy_env, scan_host
+from stockade.sandbox.policy import Policy
+
+#: Device files a jail may read and write; random sources it may read.
+DEV_RW: tuple[str, ...] = ("/dev/null", "/dev/zero", "/dev/full")
+DEV_RO: tuple[str, ...] = ("/dev/urandom", "/dev/random")
+MIN_ABI = 1
+
+
+def landlock_request(
+    policy: Policy,
+    *,
+    abi: int,
+    layout: HostLayout,
+    uid: int | None = None,
+    gid: int | None = None,
+    relay_port: int | None = None,
+    unix_sockets: bool = False,
+) -> dict[str, Any]:
+    """The fork server request for ``policy``. Pure: no I/O."""
+    scratch = str(policy.scratch_dir)
+    env = dict(policy.env)
+    env["HOME"] = f"{scratch}/home"
+    env["TMPDIR"] = f"{scratch}/tmp"
+    if policy.network == "proxy":
+        if relay_port is None:
+            raise InfraError("network: proxy needs the egress proxy (policy.proxy_socket)")
+        env.update(proxy_env(f"http://127.0.0.1:{relay_port}"))
+    read_only = [
+        *layout.dirs,
+        *layout.symlinks,
+        *layout.etc,
+        "/proc",
+        *DEV_RO,
+        *(str(m.source) for m in policy.mounts if not m.writable),
+    ]
+    if policy.network == "open" and layout.resolv_conf:
+        read_only.append(layout.resolv_conf)
+    read_write = [
+        str(policy.work_dir),
+        scratch,
+        *DEV_RW,
+        *(str(m.source) for m in policy.mounts if m.writable),
+    ]
+    sockets = {"none": "none", "proxy": "tcp", "open": "all"}[policy.network]
+    program = seccomp.build_filter(
+        seccomp.native_arch(),
+        seccomp.FilterOptions(sockets=sockets, allow_unix=unix_sockets, no_pidns=True),
+    )
+    r = policy.resources
+    return {
+        "argv": list(policy.argv),
+        "env": env,
+        "cwd": str(policy.work_dir),
+        "abi": abi,
+        "read_only": read_only,
+        "read_write": read_write,
+        "handle_net": policy.network != "open",
+        "connect_ports": [relay_port] if relay_port is not None else [],
+        "rlimits": {
+            "as": r.memory_bytes,
+            "cpu": r.cpu_seconds,
+            "nproc": r.processes,
+            "fsize": r.file_size_bytes,
+        },
+        "seccomp": program.hex(),
+        "uid": uid,
+        "gid": gid,
+    }
+
+
+class _Job:
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.exited = threading.Event()
+        self.pid = 0
+        self.error = ""
+        self.status: int | None = None
+
+
+class ForkServerClient:
+    """The engine's side of the fork server: start once, spawn many, close once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._next_id = 0
+        self._pending: dict[int, _Job] = {}
+        self._by_pid: dict[int, _Job] = {}
+
+    def _ensure(self) -> socket.socket:
+        with self._lock:
+            if self._sock is not None:
+                return self._sock
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            src = str(Path(__file__).resolve().parents[2])
+            code = (
+                f"import sys; sys.path.insert(0, {src!r}); "
+                "from stockade.sandbox._forkserver import main; main(int(sys.argv[1]))"
+            )
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", code, str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                env={"PATH": "/usr/bin:/bin"},
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
+            )
+            theirs.close()
+            self._sock = mine
+            self._reader = threading.Thread(
+                target=self._read, name="landlock-forkserver", daemon=True
+            )
+            self._reader.start()
+            return mine
+
+    def _read(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                data = self._sock.recv(1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                with self._lock:
+                    jobs = list(self._pending.values()) + list(self._by_pid.values())
+                for job in jobs:
+                    job.error = job.error or "landlock exec helper exited"
+                    job.started.set()
+                    if job.status is None:
+                        job.status = -signal.SIGKILL
+                    job.exited.set()
+                return
+            msg = json.loads(data)
+            with self._lock:
+                if msg["type"] == "exited":
+                    done = self._by_pid.pop(msg["pid"], None)
+                    if done is not None:
+                        done.status = msg["status"]
+                        done.exited.set()
+                    continue
+                job = self._pending.pop(msg["id"])
+                if msg["type"] == "started":
+                    job.pid = msg["pid"]
+                    self._by_pid[job.pid] = job
+                else:
+                    job.error = msg["error"]
+            job.started.set()
+
+    def spawn(self, request: Mapping[str, Any], fds: tuple[int, int]) -> _Job:
+        sock = self._ensure()
+        job = _Job()
+        with self._lock:
+            self._next_id += 1
+            rid = self._next_id
+            self._pending[rid] = job
+        payload = json.dumps({**request, "id": rid}).encode()
+        with self._send_lock:
+            socket.send_fds(sock, [payload], list(fds))
+        job.started.wait()
+        if job.error:
+            raise InfraError(f"landlock jail did not start: {job.error}")
+        return job
+
+    def close(self) -> None:
+        with self._lock:
+            sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+        if self._proc is not None:
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+
+def _fileno(stream: IO[bytes] | int) -> int:
+    return stream if isinstance(stream, int) else stream.fileno()
+
+
+class LandlockRunning:
+    def __init__(self, job: _Job, on_exit: list[Any]) -> None:
+        self._job = job
+        self._on_exit = on_exit
+
+    @property
+    def pid(self) -> int:
+        return self._job.pid
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if not self._job.exited.wait(timeout):
+            return None
+        while self._on_exit:
+            self._on_exit.pop()()
+        return self._job.status
+
+    def kill(self, grace: float = 2.0) -> None:
+        for sig, wait_for in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            if self._job.exited.is_set():
+                return
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._job.pid, sig)
+            if self.wait(wait_for) is not None:
+                return
+
+
+class LoopbackRelay:
+    """Host side for landlock ``network: proxy``: 127.0.0.1:PORT -> the proxy socket."""
+
+    def __init__(self, target: Path) -> None:
+        self._target = str(target)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        from stockade.sandbox._relay import _handle
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=_handle, args=(client, self._target), daemon=True).start()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+
+
+def _is_socket(path: Path) -> bool:
+    try:
+        return stat.S_ISSOCK(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+class LandlockBackend(Backend):
+    name = "landlock"
+
+    def __init__(self) -> None:
+        self._abi: int | None = None
+        self._layout: HostLayout | None = None
+        self._server = ForkServerClient()
+
+    @property
+    def abi(self) -> int:
+        if self._abi is None:
+            self._abi = _landlock.abi_version() if sys.platform.startswith("linux") else 0
+        return self._abi
+
+    def availability(self) -> Availability:
+        if not sys.platform.startswith("linux"):
+            return Availability(False, "Landlock needs Linux 5.13 or newer")
+        if self.abi < MIN_ABI:
+            return Availability(
+                False,
+                "Landlock is not enabled in this kernel: boot Linux >= 5.13 with lsm=...,landlock",
+            )
+        try:
+            seccomp.native_arch()
+        except OSError as e:
+            return Availability(False, str(e))
+        return Availability(True, f"Landlock ABI {self.abi}")
+
+    def limitations(self) -> tuple[str, ...]:
+        lims = [
+            "no mount namespace: host paths are visible by name; reads are limited to system "
+            "directories, a few /etc files, /proc, work/ and a private scratch directory",
+            "no pid namespace: other processes and their command lines are listed in /proc "
+            "(their environment, memory, fds and root are not readable)",
+            "no network namespace: the host's network stack is shared; TCP is filtered by "
+            "Landlock and other sockets by seccomp",
+            "RLIMIT_NPROC counts every process of the jail's uid on the host "
+            "(the limit is set to the current count plus the step's share)",
+            "a mounted unix socket (agent broker) re-enables AF_UNIX sockets: the step can then "
+            "connect to any pathname unix socket it can name",
+            "/dev/stdout and /dev/stderr can be reopened only when they are files",
+        ]
+        if self.abi < 4:
+            lims.append(f"Landlock ABI {self.abi} < 4: TCP is filtered only by seccomp")
+        if self.abi < 6:
+            lims.append(
+                f"Landlock ABI {self.abi} < 6: signals to other processes of the same uid "
+                "are not scoped"
+            )
+        return tuple(lims)
+
+    def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:
+        if self._layout is None:
+            self._layout = scan_host()
+        uid = gid = None
+        for sub in ("home", "tmp"):
+            (policy.scratch_dir / sub).mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            uid, gid = JAIL_UID, JAIL_GID
+            _chown_tree(policy.work_dir, uid, gid)
+            _chown_tree(policy.scratch_dir, uid, gid)
+        on_exit: list[Any] = []
+        relay_port = None
+        if policy.network == "proxy":
+            if policy.proxy_socket is None:
+                raise InfraError("network: proxy needs policy.proxy_socket")
+            relay = LoopbackRelay(policy.proxy_socket)
+            on_exit.append(relay.close)
+            relay_port = relay.port
+        request = landlock_request(
+            policy,
+            abi=self.abi,
+            layout=self._layout,
+            uid=uid,
+            gid=gid,
+            relay_port=relay_port,
+            unix_sockets=any(_is_socket(m.source) for m in policy.mounts),
+        )
+        try:
+            job = self._server.spawn(request, (_fileno(stdout), _fileno(stderr)))
+        except BaseException:
+            for hook in on_exit:
+                hook()
+            raise
+        return LandlockRunning(job, on_exit)
+
+    def close(self) -> None:
+        self._server.close()

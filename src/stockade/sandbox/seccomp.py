@@ -1,0 +1,257 @@
+"""A seccomp BPF program generated in pure Python, and a way to install it.
+
+The filter is the same for every backend that can apply one (bwrap passes it
+with ``--seccomp FD``; the landlock exec helper installs it itself before
+``execve``). It checks the audit architecture first (a 32-bit or x32 syscall
+on x86_64 is killed), then returns ``EPERM`` for the calls a jailed step never
+needs and that widen its reach: namespaces, mounts, ptrace and
+``process_vm_*``, keyrings, bpf, perf, userfaultfd, module loading, kexec,
+``open_by_handle_at`` and the ``TIOCSTI``/``TIOCLINUX`` ioctls. ``clone3``
+returns ``ENOSYS`` so libc falls back to ``clone``, whose flags can be checked.
+
+``build_filter`` is a pure function (bytes out) so unit tests can decode it.
+Standard library only: the landlock exec helper imports this module.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import platform
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+AUDIT_ARCH_X86_64 = 0xC000003E
+AUDIT_ARCH_AARCH64 = 0xC00000B7
+X32_SYSCALL_BIT = 0x40000000
+
+RET_KILL_PROCESS = 0x80000000
+RET_ERRNO = 0x00050000
+RET_ALLOW = 0x7FFF0000
+
+# Classic BPF opcodes used here.
+LD_W_ABS = 0x20
+JEQ_K = 0x15
+JGE_K = 0x35
+JSET_K = 0x45
+AND_K = 0x54
+RET_K = 0x06
+
+# Offsets in struct seccomp_data (little-endian: the low 32 bits of an argument first).
+OFF_NR = 0
+OFF_ARCH = 4
+
+
+def arg_lo(index: int) -> int:
+    return 16 + 8 * index
+
+
+CLONE_NEW_FLAGS = (
+    0x00020000  # CLONE_NEWNS
+    | 0x02000000  # CLONE_NEWCGROUP
+    | 0x04000000  # CLONE_NEWUTS
+    | 0x08000000  # CLONE_NEWIPC
+    | 0x10000000  # CLONE_NEWUSER
+    | 0x20000000  # CLONE_NEWPID
+    | 0x40000000  # CLONE_NEWNET
+    | 0x00000080  # CLONE_NEWTIME
+)
+TIOCSTI = 0x5412
+TIOCLINUX = 0x541C
+AF_UNIX = 1
+AF_INET = 2
+AF_INET6 = 10
+SOCK_STREAM = 1
+
+#: Syscalls refused with EPERM on every backend, by name.
+DENIED: tuple[str, ...] = (
+    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot",
+    "fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree", "mount_setattr",
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",
+    "keyctl", "add_key", "request_key",
+    "bpf", "perf_event_open", "userfaultfd", "fanotify_init",
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+    "open_by_handle_at", "name_to_handle_at",
+    "swapon", "swapoff", "reboot", "acct", "syslog", "quotactl", "vhangup", "lookup_dcookie",
+    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
+    "sethostname", "setdomainname", "iopl", "ioperm", "uselib",
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+)  # fmt: skip
+
+#: Extra calls refused where the jail has no pid namespace (landlock): a step
+#: that starts its own session or group would escape the timeout's killpg.
+DENIED_WITHOUT_PIDNS: tuple[str, ...] = ("setsid", "setpgid")
+
+SYSCALLS: dict[str, dict[str, int]] = {
+    "x86_64": {
+        "unshare": 272, "setns": 308, "clone": 56, "clone3": 435, "mount": 165,
+        "umount2": 166, "pivot_root": 155, "chroot": 161, "fsopen": 430, "fsconfig": 431,
+        "fsmount": 432, "fspick": 433, "move_mount": 429, "open_tree": 428,
+        "mount_setattr": 442, "ptrace": 101, "process_vm_readv": 310,
+        "process_vm_writev": 311, "kcmp": 312, "keyctl": 250, "add_key": 248,
+        "request_key": 249, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
+        "fanotify_init": 300, "kexec_load": 246, "kexec_file_load": 320,
+        "init_module": 175, "finit_module": 313, "delete_module": 176,
+        "open_by_handle_at": 304, "name_to_handle_at": 303, "swapon": 167, "swapoff": 168,
+        "reboot": 169, "acct": 163, "syslog": 103, "quotactl": 179, "vhangup": 153,
+        "lookup_dcookie": 212, "settimeofday": 164, "clock_settime": 227,
+        "clock_adjtime": 305, "adjtimex": 159, "sethostname": 170, "setdomainname": 171,
+        "iopl": 172, "ioperm": 173, "uselib": 134, "io_uring_setup": 425,
+        "io_uring_enter": 426, "io_uring_register": 427, "ioctl": 16, "socket": 41,
+        "setsid": 112, "setpgid": 109,
+    },
+    "aarch64": {
+        "unshare": 97, "setns": 268, "clone": 220, "clone3": 435, "mount": 40,
+        "umount2": 39, "pivot_root": 41, "chroot": 51, "fsopen": 430, "fsconfig": 431,
+        "fsmount": 432, "fspick": 433, "move_mount": 429, "open_tree": 428,
+        "mount_setattr": 442, "ptrace": 117, "process_vm_readv": 270,
+        "process_vm_writev": 271, "kcmp": 272, "keyctl": 219, "add_key": 217,
+        "request_key": 218, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282,
+        "fanotify_init": 262, "kexec_load": 104, "kexec_file_load": 294,
+        "init_module": 105, "finit_module": 273, "delete_module": 106,
+        "open_by_handle_at": 265, "name_to_handle_at": 264, "swapon": 224, "swapoff": 225,
+        "reboot": 142, "acct": 89, "syslog": 116, "quotactl": 60, "vhangup": 58,
+        "lookup_dcookie": 18, "settimeofday": 170, "clock_settime": 112,
+        "clock_adjtime": 266, "adjtimex": 171, "sethostname": 161, "setdomainname": 162,
+        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+        "ioctl": 29, "socket": 198, "setsid": 157, "setpgid": 154,
+    },
+}  # fmt: skip
+
+AUDIT_ARCH: dict[str, int] = {"x86_64": AUDIT_ARCH_X86_64, "aarch64": AUDIT_ARCH_AARCH64}
+
+
+def native_arch() -> str:
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        return "x86_64"
+    if machine in ("aarch64", "arm64"):
+        return "aarch64"
+    raise OSError(f"no seccomp syscall table for architecture {machine!r}")
+
+
+@dataclass(frozen=True)
+class FilterOptions:
+    """What varies between backends.
+
+    ``sockets``: ``"all"`` leaves socket() alone (the jail has its own empty
+    network namespace, or the network is open); ``"tcp"`` allows only
+    AF_INET/AF_INET6 stream sockets (landlock limits their ports) and
+    refuses AF_UNIX; ``"none"`` refuses AF_INET, AF_INET6 and AF_UNIX.
+    ``allow_unix`` re-allows AF_UNIX sockets (a mounted broker socket).
+    """
+
+    sockets: str = "all"
+    allow_unix: bool = False
+    no_pidns: bool = False
+
+
+def _ins(code: int, jt: int, jf: int, k: int) -> tuple[int, int, int, int]:
+    return (code, jt, jf, k & 0xFFFFFFFF)
+
+
+def _errno(value: int) -> int:
+    return RET_ERRNO | (value & 0xFFFF)
+
+
+def _socket_block(opts: FilterOptions) -> list[tuple[int, int, int, int]]:
+    """Checks after ``A = socket's family``; every path ends in a return."""
+    body: list[tuple[int, int, int, int]] = []
+    deny = _errno(errno.EACCES)
+    if not opts.allow_unix:
+        body += [_ins(JEQ_K, 0, 1, AF_UNIX), _ins(RET_K, 0, 0, deny)]
+    if opts.sockets == "none":
+        body += [
+            _ins(JEQ_K, 0, 1, AF_INET), _ins(RET_K, 0, 0, deny),
+            _ins(JEQ_K, 0, 1, AF_INET6), _ins(RET_K, 0, 0, deny),
+        ]  # fmt: skip
+    elif opts.sockets == "tcp":
+        # Family AF_INET or AF_INET6 -> check the type; anything else allowed.
+        body += [
+            _ins(JEQ_K, 1, 0, AF_INET),
+            _ins(JEQ_K, 0, 4, AF_INET6),
+            _ins(LD_W_ABS, 0, 0, arg_lo(1)),
+            _ins(AND_K, 0, 0, 0xF),  # strip SOCK_NONBLOCK / SOCK_CLOEXEC
+            _ins(JEQ_K, 1, 0, SOCK_STREAM),
+            _ins(RET_K, 0, 0, deny),
+        ]
+    body.append(_ins(RET_K, 0, 0, RET_ALLOW))
+    return [_ins(LD_W_ABS, 0, 0, arg_lo(0)), *body]
+
+
+def build_filter(arch: str, opts: FilterOptions = FilterOptions()) -> bytes:
+    """The filter as packed ``struct sock_filter`` entries (8 bytes each)."""
+    table = SYSCALLS[arch]
+    prog: list[tuple[int, int, int, int]] = [
+        _ins(LD_W_ABS, 0, 0, OFF_ARCH),
+        _ins(JEQ_K, 1, 0, AUDIT_ARCH[arch]),
+        _ins(RET_K, 0, 0, RET_KILL_PROCESS),
+        _ins(LD_W_ABS, 0, 0, OFF_NR),
+    ]
+    if arch == "x86_64":
+        prog += [_ins(JGE_K, 0, 1, X32_SYSCALL_BIT), _ins(RET_K, 0, 0, RET_KILL_PROCESS)]
+    denied = list(DENIED) + (list(DENIED_WITHOUT_PIDNS) if opts.no_pidns else [])
+    for name in denied:
+        if name in table:
+            prog += [_ins(JEQ_K, 0, 1, table[name]), _ins(RET_K, 0, 0, _errno(errno.EPERM))]
+    prog += [_ins(JEQ_K, 0, 1, table["clone3"]), _ins(RET_K, 0, 0, _errno(errno.ENOSYS))]
+
+    blocks: list[tuple[int, list[tuple[int, int, int, int]]]] = [
+        (
+            table["clone"],
+            [
+                _ins(LD_W_ABS, 0, 0, arg_lo(0)),
+                _ins(JSET_K, 0, 1, CLONE_NEW_FLAGS),
+                _ins(RET_K, 0, 0, _errno(errno.EPERM)),
+                _ins(RET_K, 0, 0, RET_ALLOW),
+            ],
+        ),
+        (
+            table["ioctl"],
+            [
+                _ins(LD_W_ABS, 0, 0, arg_lo(1)),
+                _ins(JEQ_K, 0, 1, TIOCSTI),
+                _ins(RET_K, 0, 0, _errno(errno.EPERM)),
+                _ins(JEQ_K, 0, 1, TIOCLINUX),
+                _ins(RET_K, 0, 0, _errno(errno.EPERM)),
+                _ins(RET_K, 0, 0, RET_ALLOW),
+            ],
+        ),
+    ]
+    if opts.sockets != "all":
+        blocks.append((table["socket"], _socket_block(opts)))
+    for nr, body in blocks:
+        prog.append(_ins(JEQ_K, 0, len(body), nr))
+        prog += body
+    prog.append(_ins(RET_K, 0, 0, RET_ALLOW))
+    return b"".join(struct.pack("<HBBI", *ins) for ins in prog)
+
+
+def decode(program: bytes) -> list[tuple[int, int, int, int]]:
+    """Unpack a filter into ``(code, jt, jf, k)`` tuples."""
+    return [struct.unpack_from("<HBBI", program, i) for i in range(0, len(program), 8)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+
+
+def install(program: bytes) -> None:
+    """Set no_new_privs and install ``program`` on the calling thread (then exec)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    buf = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+
+
+def syscall_numbers(arch: str, names: Sequence[str]) -> dict[str, int]:
+    return {n: SYSCALLS[arch][n] for n in names if n in SYSCALLS[arch]}
