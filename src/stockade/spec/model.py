@@ -43,7 +43,7 @@ class Agent(_Strict):
     )
     prompt: Annotated[str, StringConstraints(min_length=1)]
     tools: list[Literal["read_file", "list_dir", "create_file", "apply_patch"]] = Field(
-        default_factory=lambda: ["read_file", "list_dir"]
+        default_factory=lambda: ["read_file", "list_dir"]  # type: ignore[arg-type]
     )
     writes: list[Annotated[str, StringConstraints(min_length=1)]] = Field(
         default_factory=lambda: ["out/**"]

@@ -1,0 +1,288 @@
+"""Semantic checks over the raw workflow data: ids, needs, cycles, templates.
+
+Works on the plain data from ``yamlload`` (not the pydantic model) so every
+problem is found even when some step failed type validation. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from stockade.errors import Problem
+from stockade.expr import ExprError, Template, compile_template
+from stockade.spec.messages import DataPath, step_label
+
+Pos = tuple[int, int]
+
+#: Fields whose strings are templates, per step (inputs/payload recursively).
+TEMPLATED = ("for_each", "inputs", "env", "run", ("agent", "prompt"), "keep",
+             ("publish", "to"), ("publish", "key"), ("publish", "payload"))
+RESERVED_ENV_PREFIX = "STOCKADE_"
+
+
+def iter_strings(value: Any, path: DataPath) -> Iterator[tuple[DataPath, str]]:
+    """Every string inside ``value`` (lists and mappings recursively) with its path."""
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from iter_strings(v, (*path, i))
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from iter_strings(v, (*path, k))
+
+
+def templated_strings(step: dict[str, Any], base: DataPath) -> Iterator[tuple[DataPath, str, str]]:
+    """(path, source, slot) for every templated string of a raw step."""
+    for entry in TEMPLATED:
+        keys = entry if isinstance(entry, tuple) else (entry,)
+        cur: Any = step
+        for k in keys:
+            cur = cur.get(k) if isinstance(cur, dict) else None
+        if cur is None:
+            continue
+        for path, text in iter_strings(cur, (*base, *keys)):
+            yield path, text, _slot(path[len(base):])
+
+
+def _slot(rel: DataPath) -> str:
+    out = ""
+    for el in rel:
+        out += f"[{el}]" if isinstance(el, int) else (f".{el}" if out else el)
+    return out
+
+
+def bad_relative(path: str) -> str | None:
+    """Why ``path`` cannot name something below the workflow folder, or None."""
+    if not path:
+        return "is empty"
+    if "\x00" in path:
+        return "contains a NUL byte"
+    if path.startswith("/") or path.startswith("\\") or (len(path) > 1 and path[1] == ":"):
+        return "is absolute"
+    if "\\" in path:
+        return "contains a backslash; use '/'"
+    if ".." in path.split("/"):
+        return "contains '..'"
+    return None
+
+
+class Checker:
+    def __init__(self, data: dict[str, Any], filename: str,
+                 position: Callable[[DataPath], Pos], key_position: Callable[[DataPath], Pos]) -> None:
+        self.data = data
+        self.filename = filename
+        self.position = position
+        self.key_position = key_position
+        self.problems: list[Problem] = []
+        self.templates: dict[DataPath, Template] = {}
+        steps = data.get("steps")
+        self.steps: list[tuple[int, dict[str, Any]]] = (
+            [(i, s) for i, s in enumerate(steps) if isinstance(s, dict)] if isinstance(steps, list) else []
+        )
+        self.ids: dict[str, int] = {}
+        vars_ = data.get("vars")
+        self.vars = set(vars_) if isinstance(vars_, dict) else set()
+        secrets = data.get("secrets")
+        self.secrets = {s for s in secrets if isinstance(s, str)} if isinstance(secrets, list) else set()
+
+    def add(self, at: Pos, message: str) -> None:
+        self.problems.append(Problem(self.filename, at[0], at[1], message))
+
+    def run(self) -> list[Problem]:
+        self._ids()
+        self._needs()
+        self._cycles()
+        for i, step in self.steps:
+            self._step(i, step)
+        return self.problems
+
+    def _ids(self) -> None:
+        for i, step in self.steps:
+            sid = step.get("id")
+            if not isinstance(sid, str):
+                continue
+            if sid in self.ids:
+                first = self.position(("steps", self.ids[sid], "id"))
+                self.add(self.position(("steps", i, "id")),
+                         f"duplicate step id {sid!r} (first used at line {first[0]})")
+            else:
+                self.ids[sid] = i
+
+    def needs_of(self, step: dict[str, Any]) -> list[str]:
+        needs = step.get("needs")
+        return [n for n in needs if isinstance(n, str)] if isinstance(needs, list) else []
+
+    def _needs(self) -> None:
+        for i, step in self.steps:
+            needs = step.get("needs")
+            if not isinstance(needs, list):
+                continue
+            seen: set[str] = set()
+            for j, n in enumerate(needs):
+                if not isinstance(n, str):
+                    continue
+                at = self.position(("steps", i, "needs", j))
+                if n in seen:
+                    self.add(at, f"{step_label(self.data, i)} lists {n!r} twice in needs")
+                elif n == step.get("id"):
+                    self.add(at, f"{step_label(self.data, i)} cannot need itself")
+                elif n not in self.ids:
+                    known = ", ".join(self.ids) or "none"
+                    self.add(at, f"{step_label(self.data, i)} needs unknown step {n!r} (steps: {known})")
+                seen.add(n)
+
+    def _cycles(self) -> None:
+        graph = {
+            sid: [n for n in self.needs_of(self.steps_by_index(idx)) if n in self.ids and n != sid]
+            for sid, idx in self.ids.items()
+        }
+        state: dict[str, int] = {}  # 1 = on stack, 2 = done
+        reported: set[frozenset[str]] = set()
+
+        def visit(node: str, stack: list[str]) -> None:
+            # Iterative DFS would be longer; recursion depth is bounded by the step count.
+            state[node] = 1
+            stack.append(node)
+            for nxt in graph[node]:
+                if state.get(nxt) == 1:
+                    cycle = [*stack[stack.index(nxt):], nxt]
+                    key = frozenset(cycle)
+                    if key not in reported:
+                        reported.add(key)
+                        a, b = cycle[0], cycle[1]
+                        ai = self.ids[a]
+                        j = self.needs_of(self.steps_by_index(ai)).index(b)
+                        order = " -> ".join(reversed(cycle))
+                        self.add(self.position(("steps", ai, "needs", j)), f"cycle in needs: {order}")
+                elif nxt not in state:
+                    visit(nxt, stack)
+            stack.pop()
+            state[node] = 2
+
+        for sid in graph:
+            if sid not in state:
+                visit(sid, [])
+
+    def steps_by_index(self, i: int) -> dict[str, Any]:
+        steps = self.data["steps"]
+        step = steps[i]
+        assert isinstance(step, dict)
+        return step
+
+    def _step(self, i: int, step: dict[str, Any]) -> None:
+        base: DataPath = ("steps", i)
+        label = step_label(self.data, i)
+        needs = set(self.needs_of(step))
+        has_for_each = step.get("for_each") is not None
+        fe = step.get("for_each")
+        if fe is not None and not isinstance(fe, (str, list)):
+            self.add(self.position((*base, "for_each")),
+                     f"for_each of {label} must be a {{{{ }}}} expression or a list")
+        keep = step.get("keep")
+        if keep is not None and not (isinstance(keep, str) and "{{" in keep):
+            self.add(self.position((*base, "keep")),
+                     f"keep of {label} must be a template such as \"{{{{ item.result.startswith('HOLDS') }}}}\"")
+        for path, source, slot in templated_strings(step, base):
+            try:
+                t = compile_template(source)
+            except ExprError as exc:
+                self.add(self.position(path), f"{slot} of {label}: {exc.message}")
+                continue
+            self.templates[path] = t
+            self._template(path, t, slot, label, step, needs, has_for_each)
+        if isinstance(fe, str) and "{{" not in fe:
+            self.add(self.position((*base, "for_each")),
+                     f"for_each of {label} must be a {{{{ }}}} expression giving a list, or a YAML list")
+        self._inputs(base, step, label)
+        self._env(base, step, label)
+        self._secrets(base, step, label)
+        self._writes(base, step, label)
+
+    def _template(self, path: DataPath, t: Template, slot: str, label: str,
+                  step: dict[str, Any], needs: set[str], has_for_each: bool) -> None:
+        at = self.position(path)
+        for name in sorted(t.steps_used):
+            if name == step.get("id"):
+                self.add(at, f"{slot} of {label} reads steps.{name}, its own results")
+            elif name not in self.ids:
+                self.add(at, f"{slot} of {label} reads steps.{name}, but there is no step {name!r}")
+            elif name not in needs:
+                self.add(at, f"{slot} of {label} reads steps.{name}, which is not in its needs "
+                             f"(add {name!r} to needs: so it runs first and its results are passed in)")
+        for var in sorted(t.vars_used - self.vars):
+            declared = ", ".join(sorted(self.vars)) or "none"
+            self.add(at, f"{slot} of {label} uses vars.{var}, which is not declared under vars: "
+                         f"(declared: {declared})")
+        if t.uses_item and slot.startswith("for_each"):
+            self.add(at, f"for_each of {label} cannot use item; it is what makes the items")
+        elif t.uses_item and not has_for_each:
+            self.add(at, f"{slot} of {label} uses item, but the step has no for_each")
+        for ref in t.refs:
+            if ref.startswith("run.") and ref != "run.id":
+                self.add(at, f"{slot} of {label} uses {ref}; run has only run.id")
+        for fn, paths in (("file", t.files), ("tree", t.trees)):
+            for p in paths:
+                why = bad_relative(p)
+                if why:
+                    self.add(at, f"{fn}({p!r}) in {slot} of {label} {why}; "
+                                 f"paths are relative to the workflow file and stay below it")
+        if slot == "keep" and t.is_template and not t.whole:
+            self.add(at, f"keep of {label} must be a single {{{{ }}}} expression giving true or false")
+
+    def _inputs(self, base: DataPath, step: dict[str, Any], label: str) -> None:
+        inputs = step.get("inputs")
+        if not isinstance(inputs, dict):
+            return
+        seen: dict[str, str] = {}
+        for name in inputs:
+            at = self.key_position((*base, "inputs", name))
+            why = bad_relative(name)
+            if why:
+                self.add(at, f"input name {name!r} of {label} {why}; it names a file in the step's work/ folder")
+                continue
+            norm = posixpath.normpath(name)
+            if norm == "out" or norm.startswith("out/"):
+                self.add(at, f"input name {name!r} of {label} is under out/, where the step's outputs go")
+            elif norm == ".":
+                self.add(at, f"input name {name!r} of {label} names the work folder itself")
+            elif norm in seen:
+                self.add(at, f"inputs {seen[norm]!r} and {name!r} of {label} name the same file")
+            seen.setdefault(norm, name)
+
+    def _env(self, base: DataPath, step: dict[str, Any], label: str) -> None:
+        env = step.get("env")
+        if not isinstance(env, dict):
+            return
+        for name, value in env.items():
+            if name.startswith(RESERVED_ENV_PREFIX):
+                self.add(self.key_position((*base, "env", name)),
+                         f"env {name} of {label}: STOCKADE_* variables are set by the engine")
+            if isinstance(value, (list, dict)):
+                self.add(self.position((*base, "env", name)),
+                         f"env {name} of {label} must be a string, number or true/false (found a {'list' if isinstance(value, list) else 'mapping'})")
+
+    def _secrets(self, base: DataPath, step: dict[str, Any], label: str) -> None:
+        secrets = step.get("secrets")
+        if not isinstance(secrets, list):
+            return
+        for j, name in enumerate(secrets):
+            if isinstance(name, str) and name not in self.secrets:
+                declared = ", ".join(sorted(self.secrets)) or "none"
+                self.add(self.position((*base, "secrets", j)),
+                         f"{label} asks for secret {name!r}, which is not in the workflow's secrets: (declared: {declared})")
+
+    def _writes(self, base: DataPath, step: dict[str, Any], label: str) -> None:
+        agent = step.get("agent")
+        writes = agent.get("writes") if isinstance(agent, dict) else None
+        if not isinstance(writes, list):
+            return
+        for j, pattern in enumerate(writes):
+            if isinstance(pattern, str):
+                why = bad_relative(pattern)
+                if why:
+                    self.add(self.position((*base, "agent", "writes", j)),
+                             f"agent.writes pattern {pattern!r} of {label} {why}")
+
