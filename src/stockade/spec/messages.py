@@ -134,6 +134,12 @@ def _num(v: Any) -> str:
     return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
 
 
+def _has(cur: Any, el: Any) -> bool:
+    if isinstance(cur, dict):
+        return isinstance(el, str) and el in cur
+    return isinstance(cur, list) and isinstance(el, int) and 0 <= el < len(cur)
+
+
 class _Aligned:
     def __init__(self, err: Mapping[str, Any], data: Any) -> None:
         self.err = err
@@ -146,10 +152,7 @@ class _Aligned:
         if err["type"] == "extra_forbidden" and loc and isinstance(loc[-1], str):
             self.tail = loc.pop()
         for i, el in enumerate(loc):
-            if isinstance(cur, dict) and isinstance(el, str) and el in cur:
-                path.append(el)
-                cur = cur[el]
-            elif isinstance(cur, list) and isinstance(el, int) and 0 <= el < len(cur):  # noqa: SIM114
+            if _has(cur, el):
                 path.append(el)
                 cur = cur[el]
             elif el == "[key]":
