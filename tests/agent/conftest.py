@@ -13,21 +13,49 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from stockade.agent import AgentJob, AgentOutcome, start_agent  # noqa: E402
-from stockade.sandbox.base import Backend  # noqa: E402
-from stockade.sandbox.none import NoneBackend  # noqa: E402
-from stockade.sandbox.policy import Policy  # noqa: E402
-from stockade.spec.model import Agent  # noqa: E402
+from stockade.agent import AgentJob, AgentOutcome, start_agent
+from stockade.sandbox.base import Backend
+from stockade.sandbox.none import NoneBackend
+from stockade.sandbox.policy import Policy
+from stockade.spec.model import Agent
 
 
 def _bwrap_backend() -> Backend | None:
+    b: Backend
     try:
         from stockade.sandbox import get_backend  # type: ignore[attr-defined]
 
-        b: Backend = get_backend("bwrap")
+        b = get_backend("bwrap")
     except Exception:
+        try:
+            from stockade.sandbox.bwrap import BwrapBackend
+        except Exception:
+            return None
+        b = BwrapBackend()
+    if not b.availability().available:
         return None
-    return b if b.availability().available else None
+    return b if _starts(b) else None
+
+
+_PROBE: dict[str, bool] = {}
+
+
+def _starts(b: Backend) -> bool:
+    """Whether the backend can run ``true`` in a jail here (probed once)."""
+    if "ok" not in _PROBE:
+        import subprocess
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            work, scratch = Path(d) / "w", Path(d) / "s"
+            work.mkdir()
+            pol = Policy(argv=("/bin/true",), work_dir=work, scratch_dir=scratch, env={"PATH": "/usr/bin:/bin"})
+            try:
+                r = b.start(pol, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                _PROBE["ok"] = r.wait(30) == 0
+            except Exception:
+                _PROBE["ok"] = False
+    return _PROBE["ok"]
 
 
 def backends() -> list[object]:
@@ -38,7 +66,7 @@ def backends() -> list[object]:
         pytest.param(
             "bwrap",
             id="bwrap",
-            marks=pytest.mark.skipif(bw is None, reason="stockade.sandbox.get_backend('bwrap') not available"),
+            marks=pytest.mark.skipif(bw is None, reason="the bwrap backend is missing or cannot start a jail here"),
         ),
     ]
 
@@ -97,13 +125,12 @@ def run_item(
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"} | dict(s.launch.env)
         policy = Policy(argv=s.launch.argv, work_dir=work, scratch_dir=tmp / "scratch" / item_name,
                         env=env, mounts=s.launch.mounts, network="none")
-        logf = open(meta / "jail.log", "wb")
-        running = get(backend).start(policy, stdout=logf, stderr=logf)
-        it.pids.append(running.pid)
-        code = running.wait(timeout)
-        if code is None:
-            running.kill()
-        logf.close()
+        with open(meta / "jail.log", "wb") as logf:
+            running = get(backend).start(policy, stdout=logf, stderr=logf)
+            it.pids.append(running.pid)
+            code = running.wait(timeout)
+            if code is None:
+                running.kill()
         if tamper:
             tamper(work)
         it.exit_code = code

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from stockade.sandbox.policy import ExtraMount
     from stockade.agent.session import AgentSession, start_agent
+    from stockade.sandbox.policy import ExtraMount
     from stockade.spec.model import Agent
 
 

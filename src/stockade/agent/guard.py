@@ -123,7 +123,7 @@ def named_in(path: str, named: frozenset[str]) -> bool:
     """
     if path in named:
         return True
-    head, sep, rest = path.partition("/")
+    _head, sep, rest = path.partition("/")
     return bool(sep) and rest in named
 
 

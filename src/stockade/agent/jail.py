@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from stockade.agent.fs import Workspace
-from stockade.agent.loop import Finished, ModelReply, ModelRequest, ToolCall, ToolResult, agent_loop, drive
+from stockade.agent.loop import (
+    Finished,
+    ModelReply,
+    ModelRequest,
+    ToolCall,
+    ToolResult,
+    agent_loop,
+    drive,
+)
 
 #: ``sun_path`` holds 108 bytes; longer socket paths go through /proc/self/fd.
 _SUN_PATH_MAX = 100

@@ -12,8 +12,10 @@ Must not import the runner, workspace or cli.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import sys
 import threading
 import time
@@ -91,15 +93,22 @@ class AgentSession:
         self._broker: Broker | None = None
         self._before: gate.Snapshot = {}
         self.diff = ""
-        rt = job.runtime_dir.resolve()
-        self._config_path = rt / "agent.json"
-        self._socket_path = rt / "broker.sock"
-        self.launch = jail_launch(self._config_path, rt)
+        # The jail may run as another uid (bwrap runs it as nobody when the
+        # engine is root), so the socket must be connectable by it. The
+        # unguessable directory name keeps other local users from finding it:
+        # runtime_dir itself is made traversable but not listable.
+        self._rt = job.runtime_dir.resolve() / secrets.token_hex(12)
+        self._config_path = self._rt / "agent.json"
+        self._socket_path = self._rt / "broker.sock"
+        self.launch = jail_launch(self._config_path, self._rt)
 
     def __enter__(self) -> AgentSession:
         job, cfg = self.job, self.job.config
         provider, model = wire.split_model(cfg.model)
         job.runtime_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(job.runtime_dir, 0o711)
+        self._rt.mkdir(mode=0o711)
+        os.chmod(self._rt, 0o711)
         job.meta_dir.mkdir(parents=True, exist_ok=True)
         work = job.work_dir.resolve()
         self._before = gate.snapshot(work)
@@ -111,6 +120,7 @@ class AgentSession:
             "max_turns": cfg.max_turns,
         }
         self._config_path.write_text(json.dumps(jail_config))
+        os.chmod(self._config_path, 0o644)
         record = {
             **jail_config,
             "model": cfg.model,
@@ -123,8 +133,8 @@ class AgentSession:
         }
         record.pop("socket")
         (job.meta_dir / "agent.json").write_text(json.dumps(record, indent=2))
-        secrets = [v for k, v in job.host_env.items() if k.endswith(("_API_KEY", "_KEY", "_TOKEN"))]
-        recorder = Recorder(job.meta_dir, secrets)
+        keys = [v for k, v in job.host_env.items() if k.endswith(("_KEY", "_TOKEN", "_SECRET"))]
+        recorder = Recorder(job.meta_dir, keys)
         self._broker = Broker(
             BrokerConfig(
                 provider=provider,
@@ -156,6 +166,10 @@ class AgentSession:
         if self._server is not None:
             self._server.stop()
             self._server = None
+        for p in (self._config_path, self._socket_path):
+            p.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self._rt.rmdir()
 
     def finish(self, exit_code: int | None) -> AgentOutcome:
         """The outcome after the jail exited (``None``: it was killed or timed out)."""
