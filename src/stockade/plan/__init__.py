@@ -1,0 +1,9 @@
+"""Plan a checked workflow: DAG order, fan-out, the information-flow graph.
+
+Pure: imports ``stockade.spec`` and ``stockade.expr`` only; no I/O.
+"""
+
+from stockade.plan.graph import Flow, Plan, build_plan, expand
+from stockade.plan.show import format_plan, plan_json
+
+__all__ = ["Flow", "Plan", "build_plan", "expand", "format_plan", "plan_json"]
