@@ -1,0 +1,232 @@
+"""``publish()``: one fenced, idempotent write of one publish item.
+
+The order matters and is the whole design:
+
+1. refuse a payload carrying another run's artifacts;
+2. the effect record ``run_id/step/item`` in the store: ``done`` -> nothing to
+   do; ``fenced`` -> stays fenced (a newer run won; a resume must not
+   overwrite it); ``claimed`` -> an earlier attempt may have written: ask the
+   sink before writing again;
+3. refuse a run older than its window unless ``allow_stale``;
+4. take the lease (token from the store, expiry on the database clock);
+5. claim the effect, write through the sink (which checks the fence and the
+   idempotency key in the same transaction as the write), finish the effect;
+6. warn when the payload equals the lease's previous publish from a run with
+   other inputs (a flat series), and release the lease.
+
+A crash anywhere leaves at worst a ``claimed`` effect, which step 2 resolves.
+
+Must not import runner, workspace, sandbox or cli.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stockade.publish.payload import artifact_refs, content_sha256, describe, foreign_artifacts
+from stockade.publish.sink import Sink, SinkUrlError, Write, WriteResult, open_sink, redact
+from stockade.store.base import Effect, Event, Lease, PublishRecord, Store
+
+
+@dataclass(frozen=True)
+class PublishRequest:
+    run_id: str
+    step: str
+    item: int
+    attempt: int
+    to: str
+    base_dir: Path
+    key: str
+    payload: Any
+    lease: str
+    lease_ttl: float
+    max_age: float
+    run_started_at: float
+    allow_stale: bool
+    input_fingerprint: str
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.run_id}/{self.step}/{self.item}"
+
+
+@dataclass(frozen=True)
+class PublishOutcome:
+    status: str  # "succeeded" | "fenced" | "failed"
+    message: str
+    token: int | None
+    winner_token: int | None = None
+    already_applied: bool = False
+    warnings: tuple[str, ...] = ()
+
+
+FLAT_SERIES_EVENT = "publish.flat_series"
+
+
+def _failed(message: str, token: int | None = None) -> PublishOutcome:
+    return PublishOutcome("failed", message, token)
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h"
+
+
+def check_provenance(req: PublishRequest, store: Store) -> str | None:
+    """Why the payload may not be published, or None."""
+    foreign = foreign_artifacts(req.payload, req.run_id)
+    if foreign:
+        m = foreign[0]
+        return (
+            f"refused: the payload carries artifact {describe(m)} from run {m.get('run_id')},"
+            f" not from this run {req.run_id} ({len(foreign)} foreign artifact(s))"
+        )
+    recorded: dict[str, dict[tuple[int, str], str]] = {}
+    for m in artifact_refs(req.payload):
+        step = str(m.get("step"))
+        if step not in recorded:
+            recorded[step] = {(o.item, o.name): o.sha256
+                              for i in store.items(req.run_id, step) for o in i.outputs}
+        known = recorded[step].get((m.get("item"), m.get("name")))  # type: ignore[arg-type]
+        if known is not None and known != m.get("sha256"):
+            return (
+                f"refused: the payload's artifact {describe(m)} has sha256 {m.get('sha256')},"
+                f" but run {req.run_id} recorded {known}"
+            )
+    return None
+
+
+def _take_lease(
+    req: PublishRequest, store: Store, holder: str, clock: Callable[[], float],
+    sleep: Callable[[float], None], wait: float,
+) -> Lease | str:
+    deadline = clock() + wait
+    pause = 0.02
+    while True:
+        lease = store.acquire_lease(req.lease, holder, req.lease_ttl, user=req.idempotency_key)
+        if lease is not None:
+            return lease
+        if clock() >= deadline:
+            other = store.get_lease(req.lease)
+            who = f" by {other.holder} (token {other.token})" if other else ""
+            return f"lease {req.lease!r} is held{who}; gave up after waiting {wait:.0f} s"
+        sleep(pause)
+        pause = min(pause * 2, 0.5)
+
+
+def publish(
+    req: PublishRequest, store: Store, *, clock: Callable[[], float] = time.time,
+    holder: str | None = None, sleep: Callable[[float], None] = time.sleep,
+    lease_wait: float | None = None,
+) -> PublishOutcome:
+    """Publish one item. Ordinary outcomes are values; ``InfraError`` means the sink or
+    the store cannot be reached. ``holder`` defaults to the run id, so every item of
+    a run shares one token; ``lease_wait`` (default: the lease's TTL) bounds the wait
+    for another holder's lease."""
+    refusal = check_provenance(req, store)
+    if refusal:
+        return _failed(refusal)
+    try:
+        sink = open_sink(req.to, Path(req.base_dir), store)
+    except SinkUrlError as exc:
+        return _failed(str(exc))
+    try:
+        return _publish(req, store, sink, clock=clock, holder=holder or req.run_id, sleep=sleep,
+                        lease_wait=req.lease_ttl if lease_wait is None else lease_wait)
+    finally:
+        sink.close()
+
+
+def _publish(
+    req: PublishRequest, store: Store, sink: Sink, *, clock: Callable[[], float], holder: str,
+    sleep: Callable[[float], None], lease_wait: float,
+) -> PublishOutcome:
+    idem = req.idempotency_key
+    previous = store.get_effect(idem)
+    if previous is not None and previous.status == "done":
+        store.release_lease(req.lease, holder, user=idem)
+        return PublishOutcome("succeeded", f"already applied with token {previous.token}",
+                              previous.token, already_applied=True)
+    if previous is not None and previous.status == "fenced":
+        store.release_lease(req.lease, holder, user=idem)
+        return PublishOutcome("fenced", previous.message, previous.token)
+    if previous is not None:
+        landed = sink.lookup(idem, req.key)
+        if landed is not None:
+            store.finish_effect(idem, status="done", token=landed.token, at=clock(),
+                                message="reconciled: the sink had it")
+            store.release_lease(req.lease, holder, user=idem)
+            return PublishOutcome("succeeded", f"already applied with token {landed.token}"
+                                  " (reconciled with the sink)", landed.token, already_applied=True)
+
+    age = clock() - req.run_started_at
+    if age > req.max_age and not req.allow_stale:
+        return _failed(
+            f"refused: run {req.run_id} started {_hours(age)} ago, outside its publish window"
+            f" (publish.max_age {_hours(req.max_age)}); an old run must not publish old results"
+            " as new. Start a new run, or resume with --allow-stale to publish anyway"
+        )
+
+    got = _take_lease(req, store, holder, clock, sleep, lease_wait)
+    if isinstance(got, str):
+        return _failed(got)
+    lease = got
+    try:
+        sha = content_sha256(req.payload)
+        store.claim_effect(Effect(
+            key=idem, run_id=req.run_id, step=req.step, item=req.item, attempt=req.attempt,
+            lease=req.lease, sink=redact(req.to), sink_key=req.key, payload_sha256=sha,
+            token=lease.token, claimed_at=clock(),
+        ))
+        result = sink.write(Write(idempotency_key=idem, key=req.key, payload=req.payload,
+                                  run_id=req.run_id, token=lease.token, lease=req.lease))
+        return _finish(req, store, result, sha, clock)
+    finally:
+        store.release_lease(req.lease, holder, user=idem)
+
+
+def _finish(
+    req: PublishRequest, store: Store, result: WriteResult, sha: str, clock: Callable[[], float],
+) -> PublishOutcome:
+    idem = req.idempotency_key
+    if result.status == "fenced":
+        store.finish_effect(idem, status="fenced", token=result.token, at=clock(),
+                            message=result.message)
+        return PublishOutcome("fenced", result.message, result.token, result.winner_token)
+    if result.status == "failed":
+        # Left "claimed": the write may or may not have landed; a retry asks the sink.
+        return _failed(result.message, result.token)
+    store.finish_effect(idem, status="done", token=result.token, at=clock(), message=result.message)
+    if result.status == "already":
+        return PublishOutcome("succeeded", f"already applied with token {result.token}",
+                              result.token, already_applied=True)
+    warnings = _flat_series(req, store, sha, clock)
+    return PublishOutcome("succeeded", f"published {req.key!r} with token {result.token}",
+                          result.token, warnings=warnings)
+
+
+def _flat_series(
+    req: PublishRequest, store: Store, sha: str, clock: Callable[[], float],
+) -> tuple[str, ...]:
+    prev = store.swap_last_publish(PublishRecord(
+        lease=req.lease, run_id=req.run_id, key=req.key, payload_sha256=sha,
+        input_fingerprint=req.input_fingerprint, at=clock(),
+    ))
+    if (prev is None or prev.run_id == req.run_id or prev.payload_sha256 != sha
+            or prev.input_fingerprint == req.input_fingerprint):
+        return ()
+    message = (
+        f"payload for {req.key!r} is identical to the previous publish under lease"
+        f" {req.lease!r} ({prev.key!r} from run {prev.run_id}) although the inputs differ:"
+        " a flat series often means stale data"
+    )
+    store.add_event(Event(run_id=req.run_id, at=clock(), kind=FLAT_SERIES_EVENT, data={
+        "step": req.step, "item": req.item, "lease": req.lease, "key": req.key,
+        "previous_run": prev.run_id, "previous_key": prev.key, "payload_sha256": sha,
+        "input_fingerprint": req.input_fingerprint,
+        "previous_input_fingerprint": prev.input_fingerprint, "message": message,
+    }))
+    return (message,)
