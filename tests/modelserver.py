@@ -34,6 +34,8 @@ class Call:
 class Turn:
     text: str = ""
     calls: tuple[Call, ...] = ()
+    #: answer with this HTTP error instead (e.g. 503 to exercise retries)
+    status: int = 200
 
 
 def say(text: str) -> Turn:
@@ -136,6 +138,8 @@ class ModelServer:
             turn = self.script(seen, n)
         else:
             turn = self.script[n] if n < len(self.script) else say("(script exhausted)")
+        if turn.status != 200:
+            return turn.status, _error(provider, f"scripted HTTP {turn.status}")
         return 200, (_openai_reply if provider == "openai" else _anthropic_reply)(body, turn, n)
 
 
