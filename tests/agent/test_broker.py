@@ -140,6 +140,7 @@ def test_write_over_a_file_changed_behind_the_tools_is_refused(tmp_path: Path) -
     (tmp_path / "work" / "a.py").write_text("changed outside\n")
     answer = b.handle("/write/intent", {"tool": "apply_patch", "path": "a.py"})
     assert not answer["ok"] and "changed outside the write tools" in answer["error"]
+    assert echoed == []
 
 
 def test_done_is_rehashed_on_the_host(tmp_path: Path) -> None:
