@@ -6,6 +6,7 @@ problem is found even when some step failed type validation. Pure: no I/O.
 
 from __future__ import annotations
 
+import itertools
 import posixpath
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -139,32 +140,40 @@ class Checker:
             sid: [n for n in self.needs_of(self.steps_by_index(idx)) if n in self.ids and n != sid]
             for sid, idx in self.ids.items()
         }
-        state: dict[str, int] = {}  # 1 = on stack, 2 = done
+        state: dict[str, int] = {}  # 1 = on the path, 2 = done
         reported: set[frozenset[str]] = set()
-
-        def visit(node: str, stack: list[str]) -> None:
-            # Iterative DFS would be longer; recursion depth is bounded by the step count.
-            state[node] = 1
-            stack.append(node)
-            for nxt in graph[node]:
-                if state.get(nxt) == 1:
-                    cycle = [*stack[stack.index(nxt):], nxt]
-                    key = frozenset(cycle)
-                    if key not in reported:
-                        reported.add(key)
-                        a, b = cycle[0], cycle[1]
-                        ai = self.ids[a]
-                        j = self.needs_of(self.steps_by_index(ai)).index(b)
-                        order = " -> ".join(reversed(cycle))
-                        self.add(self.position(("steps", ai, "needs", j)), f"cycle in needs: {order}")
+        for root in graph:
+            if root in state:
+                continue
+            # Iterative DFS: a long chain of needs must not exhaust the Python stack.
+            path: list[str] = [root]
+            iters = [iter(graph[root])]
+            state[root] = 1
+            while iters:
+                nxt = next(iters[-1], None)
+                if nxt is None:
+                    state[path.pop()] = 2
+                    iters.pop()
+                elif state.get(nxt) == 1:
+                    self._report_cycle([*path[path.index(nxt):], nxt], reported)
                 elif nxt not in state:
-                    visit(nxt, stack)
-            stack.pop()
-            state[node] = 2
+                    state[nxt] = 1
+                    path.append(nxt)
+                    iters.append(iter(graph[nxt]))
 
-        for sid in graph:
-            if sid not in state:
-                visit(sid, [])
+    def _report_cycle(self, cycle: list[str], reported: set[frozenset[str]]) -> None:
+        key = frozenset(cycle)
+        if key in reported:
+            return
+        reported.add(key)
+        a, b = cycle[0], cycle[1]
+        ai = self.ids[a]
+        j = self.needs_of(self.steps_by_index(ai)).index(b)
+        links = [f"{x} needs {y}" for x, y in itertools.pairwise(cycle)]
+        if len(links) > 8:
+            links = [*links[:4], f"... ({len(links) - 6} more)", *links[-2:]]
+        order = ", ".join(links)
+        self.add(self.position(("steps", ai, "needs", j)), f"cycle in needs: {order}")
 
     def steps_by_index(self, i: int) -> dict[str, Any]:
         steps = self.data["steps"]

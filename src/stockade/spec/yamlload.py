@@ -63,6 +63,27 @@ def _decode(data: bytes, filename: str, out: Loaded) -> str | None:
     return text
 
 
+#: Flow collections nest no deeper than this; ruamel slows down sharply on deep nesting.
+MAX_FLOW_DEPTH = 64
+
+
+def _too_deep(text: str, filename: str) -> Problem | None:
+    """A cheap bracket count (quotes ignored, so it over-counts, never under-counts)."""
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch in "[{":
+            depth += 1
+            if depth > MAX_FLOW_DEPTH:
+                head = text[:i]
+                line = head.count("\n") + 1
+                col = i - (head.rfind("\n") + 1) + 1
+                return Problem(filename, line, col,
+                               f"brackets nested more than {MAX_FLOW_DEPTH} deep; a workflow does not need this")
+        elif ch in "]}" and depth:
+            depth -= 1
+    return None
+
+
 def _yaml_problem(filename: str, exc: YAMLError) -> Problem:
     if isinstance(exc, MarkedYAMLError):
         mark = exc.problem_mark or exc.context_mark
@@ -175,10 +196,16 @@ def load_yaml(data: bytes, filename: str) -> Loaded:
     text = _decode(data, filename, out)
     if text is None:
         return out
-    yaml = YAML(typ="rt", pure=True)
+    deep = _too_deep(text, filename)
+    if deep is not None:
+        out.problems.append(deep)
+        return out
+    # The safe composer keeps marks without gathering comments (several times faster).
+    yaml = YAML(typ="safe", pure=True)
     try:
-        # Aliases are refused before anything is built, so an alias bomb costs nothing.
-        aliases = [e for e in yaml.parse(text) if isinstance(e, AliasEvent)]
+        # Aliases are refused before anything is built, so an alias bomb costs nothing;
+        # without an anchor (&) there can be no alias, so most files skip this pass.
+        aliases = [e for e in yaml.parse(text) if isinstance(e, AliasEvent)] if "&" in text else []
         for ev in aliases:
             m = ev.start_mark
             out.problems.append(Problem(filename, m.line + 1, m.column + 1,

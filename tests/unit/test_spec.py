@@ -1,0 +1,254 @@
+"""Loading workflows: a corpus of malformed files, byte-level junk, the DESIGN example."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stockade.errors import UserError
+from stockade.spec import Spec, json_schema, load_workflow
+
+CASES = Path(__file__).parent / "cases"
+EXPECT = re.compile(r"^# expect: (\d+):(\d+): (.+)$", re.M)
+
+DESIGN_EXAMPLE = """\
+name: market-report                # required, [a-z0-9][a-z0-9_-]*
+vars:                              # defaults; --var K=V overrides
+  report_date: "2026-09-14"
+sandbox:
+  require: true                    # refuse to start unless the active backend is enforced
+secrets: [OPENAI_API_KEY]          # host variables; a step receives one only if it lists it
+steps:
+  - id: gather                     # [a-z0-9][a-z0-9_-]*, unique
+    inputs:                        # the only way anything enters a step's world
+      fetch.py: "{{ file('scripts/fetch.py') }}"   # a host file next to the workflow
+      date.txt: "{{ vars.report_date }}"
+    run: python3 fetch.py date.txt > out/regions.json
+  - id: analyse
+    needs: [gather]
+    for_each: "{{ steps.gather.outputs['regions.json'] | from_json }}"
+    inputs:
+      region.json: "{{ item }}"
+      extract.csv: "{{ steps.gather.outputs['extract.csv'] }}"
+    agent:
+      model: openai/gpt-4.1-mini
+      prompt: Summarise extract.csv for the region in region.json into out/report.md.
+      tools: [read_file, list_dir, create_file]
+  - id: challenge
+    needs: [analyse]
+    for_each: "{{ steps.analyse.items }}"
+    inputs:
+      report.md: "{{ item.outputs['report.md'] }}"
+    agent:
+      prompt: Try to refute report.md. Answer HOLDS or REFUTED on the first line.
+      tools: [read_file]
+  - id: survivors                  # a decision step: a rule fixed in the file, no process
+    needs: [challenge]
+    for_each: "{{ steps.challenge.items }}"
+    keep: "{{ item.result.startswith('HOLDS') }}"
+  - id: publish
+    needs: [survivors]
+    publish:
+      to: sqlite:///reports.db?table=daily_report
+      key: "{{ vars.report_date }}"
+      payload: "{{ steps.survivors.result }}"
+"""
+
+
+def problems_of(data: bytes, name: str = "w.yaml") -> list[str]:
+    with pytest.raises(UserError) as info:
+        load_workflow(data, name)
+    lines = str(info.value).splitlines()
+    assert lines == [str(p) for p in info.value.problems]
+    return lines
+
+
+CASE_FILES = sorted(CASES.glob("*.yaml"))
+
+
+def test_corpus_is_large_enough() -> None:
+    assert len(CASE_FILES) >= 30
+
+
+@pytest.mark.parametrize("path", CASE_FILES, ids=[p.stem for p in CASE_FILES])
+def test_malformed_corpus(path: Path) -> None:
+    data = path.read_bytes()
+    expected = EXPECT.findall(data.decode())
+    assert expected, f"{path.name} has no '# expect: LINE:COL: message' line"
+    got = problems_of(data, path.name)
+    for line, col, message in expected:
+        prefix = f"{path.name}:{line}:{col}: "
+        assert any(g.startswith(prefix) and message in g for g in got), (
+            f"expected {prefix}...{message}\n got:\n" + "\n".join(got)
+        )
+    # every problem is printed as FILE:LINE:COL: message
+    for g in got:
+        assert re.match(rf"^{re.escape(path.name)}:\d+:\d+: \S", g), g
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"", "w.yaml:1:1: the file is empty"),
+        (b"# only a comment\n\n", "w.yaml:1:1: the file is empty"),
+        (b"   \n", "w.yaml:1:1: the file is empty"),
+        (b"name: w\nsteps: \xff\xfe\n", "w.yaml:2:8: not valid UTF-8"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "w.yaml:1:1: not valid UTF-8"),
+        (b"name: w\x00\nsteps: []", "w.yaml:1:8: control character U+0000"),
+        (b"\x7fELF\x02\x01\x01", "w.yaml:1:1: control character U+007F"),
+        (b"just a scalar", "w.yaml:1:1: the top level must be a mapping with name: and steps: (found the single value 'just a scalar')"),
+        (b"42", "w.yaml:1:1: the top level must be a mapping"),
+        (b"x" * (1024 * 1024 + 1), "w.yaml:1:1: file is 1,048,577 bytes"),
+        (b"name: w\nsteps:\n  - id: a\n    run: !!binary aGk=\n", "w.yaml:4:10: YAML type !!binary is not supported"),
+        (b"name: w\nsteps:\n  - id: a\n    run: !shell echo\n", "w.yaml:4:10: YAML tags such as !shell are not supported"),
+        (b"name: w\n<<: {steps: []}\n", "w.yaml:2:1: merge keys (<<) are not supported"),
+        (b"name: w\nsteps:\n  - {id: a, run: 'x', id: b}\n", "w.yaml:3:23: duplicate key 'id'"),
+        (b"name: w\nsteps:\n  - id: a\n    run: 'unterminated\n", "YAML syntax"),
+        (b"name: w\nsteps:\n  - ? [a]\n    : x\n", "w.yaml:3:7: a key must be a plain name"),
+    ],
+)
+def test_byte_level_junk_gives_problems(data: bytes, expected: str) -> None:
+    got = problems_of(data)
+    assert any(g.startswith(expected) or (":" not in expected and expected in g) for g in got), got
+
+
+def test_alias_bomb_is_refused_quickly() -> None:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 30):
+        prev = f"*a{i - 1}"
+        lines.append(f"a{i}: &a{i} [{', '.join([prev] * 10)}]")
+    start = time.monotonic()
+    got = problems_of(("\n".join(lines) + "\n").encode())
+    assert time.monotonic() - start < 5
+    assert got[0].startswith("w.yaml:2:") and "aliases" in got[0]
+
+
+def test_deep_nesting_is_a_problem_not_a_crash() -> None:
+    data = b"name: w\nsteps: " + b"[" * 5000 + b"]" * 5000 + b"\n"
+    start = time.monotonic()
+    got = problems_of(data)
+    assert time.monotonic() - start < 2
+    assert got == ["w.yaml:2:72: brackets nested more than 64 deep; a workflow does not need this"]
+    indented = "name: w\n" + "".join(" " * i + f"k{i}:\n" for i in range(600))
+    assert problems_of(indented.encode())
+
+
+def test_problems_sorted_and_all_reported() -> None:
+    got = problems_of((CASES / "40_many_problems.yaml").read_bytes(), "m.yaml")
+    assert len(got) >= 4
+    positions = [tuple(int(x) for x in g.split(":")[1:3]) for g in got]
+    assert positions == sorted(positions)
+
+
+def test_design_example_loads_clean() -> None:
+    spec = load_workflow(DESIGN_EXAMPLE.encode(), "design.yaml")
+    assert isinstance(spec, Spec)
+    wf = spec.workflow
+    assert [s.id for s in wf.steps] == ["gather", "analyse", "challenge", "survivors", "publish"]
+    assert [s.kind for s in wf.steps] == ["run", "agent", "agent", "keep", "publish"]
+    assert spec.files == ("scripts/fetch.py",)
+    assert spec.trees == ()
+    assert len(spec.sha256) == 64
+    assert spec.position("steps", 1, "for_each") == (15, 15)
+    assert spec.position("steps", 1, "nonexistent") == spec.position("steps", 1)
+    assert spec.position("steps", 3) == (31, 5)
+    keep = spec.template("steps", 3, "keep")
+    assert keep.whole and keep.uses_item and keep.refs == ("item.result",)
+    assert spec.template("steps", 0, "inputs", "date.txt").vars_used == frozenset({"report_date"})
+
+
+@pytest.mark.parametrize(
+    ("yaml", "check"),
+    [
+        # unquoted dates stay the text the user wrote
+        ("name: w\nvars: {d: 2026-09-14}\nsteps: [{id: a, run: 'echo {{ vars.d }}'}]\n",
+         lambda s: s.workflow.vars["d"] == "2026-09-14"),
+        ("name: w\nsteps: [{id: a, for_each: [1, 2], run: 'echo {{ item }}'}]\n",
+         lambda s: s.workflow.steps[0].for_each == [1, 2]),
+        ("name: w\nsteps: [{id: a, run: x, timeout: 1.5, retries: 2, network: open}]\n",
+         lambda s: s.workflow.steps[0].timeout == 1.5 and s.workflow.steps[0].network == "open"),
+        ("name: w\nsteps:\n  - id: a\n    run: |\n      echo {{ vars.x }}\n      echo two\nvars: {x: 1}\n",
+         lambda s: s.workflow.steps[0].run == "echo {{ vars.x }}\necho two\n"),
+        ("name: w\nsteps: [{id: a, inputs: {t: \"{{ tree('repo') }}\", f: \"{{ file('b') }}{{ file('a') }}\"}, run: x}]\n",
+         lambda s: s.trees == ("repo",) and s.files == ("a", "b")),
+        ("\ufeffname: w\nsteps: [{id: a, run: x}]\n", lambda s: s.workflow.name == "w"),
+    ],
+)
+def test_valid_variants(yaml: str, check: Any) -> None:
+    assert check(load_workflow(yaml.encode(), "ok.yaml"))
+
+
+def _validate(instance: Any, schema: dict[str, Any], root: dict[str, Any], path: str = "$") -> list[str]:
+    """A small structural JSON Schema checker: enough to prove the example fits."""
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[-1]
+        return _validate(instance, root["$defs"][name], root, path)
+    errors: list[str] = []
+    if "anyOf" in schema:
+        branches = [_validate(instance, s, root, path) for s in schema["anyOf"]]
+        if all(branches):
+            errors.append(f"{path}: matches no anyOf branch")
+    if "oneOf" in schema:
+        ok = [s for s in schema["oneOf"] if not _validate(instance, s, root, path)]
+        if len(ok) != 1:
+            errors.append(f"{path}: matches {len(ok)} oneOf branches")
+    kinds = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+    t = schema.get("type")
+    if t in kinds and not isinstance(instance, kinds[t]):
+        return [*errors, f"{path}: not {t}"]
+    if t in ("integer", "number") and (isinstance(instance, bool) or not isinstance(instance, (int, float))):
+        return [*errors, f"{path}: not {t}"]
+    if "enum" in schema and instance not in schema["enum"]:
+        errors.append(f"{path}: not in enum")
+    if "const" in schema and instance != schema["const"]:
+        errors.append(f"{path}: not const")
+    if isinstance(instance, str) and "pattern" in schema and not re.search(schema["pattern"], instance):
+        errors.append(f"{path}: does not match {schema['pattern']}")
+    if isinstance(instance, dict):
+        for req in schema.get("required", []):
+            if req not in instance:
+                errors.append(f"{path}: missing {req}")
+        props = schema.get("properties", {})
+        for k, v in instance.items():
+            if k in props:
+                errors.extend(_validate(v, props[k], root, f"{path}.{k}"))
+            elif schema.get("additionalProperties") is False:
+                errors.append(f"{path}: unexpected {k}")
+            elif isinstance(schema.get("additionalProperties"), dict):
+                errors.extend(_validate(v, schema["additionalProperties"], root, f"{path}.{k}"))
+    if isinstance(instance, list) and "items" in schema:
+        for i, v in enumerate(instance):
+            errors.extend(_validate(v, schema["items"], root, f"{path}[{i}]"))
+    return errors
+
+
+def test_json_schema_describes_the_format() -> None:
+    schema = json_schema()
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert schema["title"] and schema["description"]
+    assert schema["additionalProperties"] is False
+    assert set(schema["required"]) == {"name", "steps"}
+    step = schema["$defs"]["Step"]
+    assert step["additionalProperties"] is False
+    assert {"run", "agent", "keep", "publish", "for_each", "needs"} <= set(step["properties"])
+    spec = load_workflow(DESIGN_EXAMPLE.encode(), "design.yaml")
+    assert _validate(spec.raw(), schema, schema) == []
+
+
+@pytest.mark.parametrize(
+    ("instance", "fragment"),
+    [
+        ({"name": "w"}, "missing steps"),
+        ({"name": "w", "steps": [{"id": "a", "run": "x", "bogus": 1}]}, "unexpected bogus"),
+        ({"name": "w", "steps": [{"id": "a", "run": "x", "keep": "y"}]}, "oneOf"),
+        ({"name": "W!", "steps": [{"id": "a", "run": "x"}]}, "does not match"),
+    ],
+)
+def test_json_schema_rejects_what_the_loader_rejects(instance: dict[str, Any], fragment: str) -> None:
+    schema = json_schema()
+    errors = _validate(instance, schema, schema)
+    assert any(fragment in e for e in errors), errors
