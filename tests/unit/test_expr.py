@@ -238,6 +238,7 @@ def test_compile_errors(source: str, message: str) -> None:
         ("{{ vars.zzz }}", "no key 'zzz'"),
         ("x{{ vars.zzz }}", "no key 'zzz'"),
         ("{{ [vars.zzz] }}", "no key 'zzz'"),
+        ("{{ steps.gather.items | map(attribute='nope') | list }}", "no key 'nope'"),
         ("{{ vars.date.zzz }}", "zzz"),
         ("a {{ none }} b", "null"),
         ("{{ 1 / 0 }}", "ZeroDivisionError"),

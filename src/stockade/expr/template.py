@@ -92,7 +92,13 @@ def _check_tags(source: str) -> None:
         raise ExprError(f"invalid template: {exc.message}", _line_offset(source, exc.lineno)) from None
 
 
+_PATH_NODES = (nodes.Name, nodes.Getattr, nodes.Getitem, nodes.Const)
+
+
 def _compile_expr(expr: nodes.Expr) -> Callable[[dict[str, Any]], Any]:
+    # A bare path (``steps.x.items``) returns context data, which holds no
+    # Undefined; only values the expression builds need the deep scan.
+    deep = not all(isinstance(n, _PATH_NODES) for n in (expr, *expr.find_all(nodes.Node)))
     body = [nodes.Assign(nodes.Name("result", "store"), expr, lineno=expr.lineno or 1)]
     tmpl = ENV.from_string(nodes.Template(body, lineno=1))
 
@@ -100,7 +106,12 @@ def _compile_expr(expr: nodes.Expr) -> Callable[[dict[str, Any]], Any]:
         ctx = tmpl.new_context(values)
         for _ in tmpl.root_render_func(ctx):
             pass
-        return ctx.vars["result"]
+        value = ctx.vars["result"]
+        if isinstance(value, Undefined):
+            value._fail_with_undefined_error()
+        if deep:
+            _check_defined(value)
+        return value
 
     return evaluate
 
@@ -228,9 +239,7 @@ def render(
         if t.whole and not shell:
             fn = t._parts[0]
             assert not isinstance(fn, str)
-            value = fn(values)
-            _check_defined(value)
-            return value
+            return fn(values)
         out: list[str] = []
         size = 0
         for part in t._parts:
@@ -238,7 +247,6 @@ def render(
                 piece = part
             else:
                 value = part(values)
-                _check_defined(value)
                 piece = _shell(value) if shell else _text(value)
             size += len(piece)
             if size > MAX_OUTPUT:

@@ -190,6 +190,10 @@ class Checker:
         if fe is not None and not isinstance(fe, (str, list)):
             self.add(self.position((*base, "for_each")),
                      f"for_each of {label} must be a {{{{ }}}} expression or a list")
+        if isinstance(fe, list) and any("{{" in text for _p, text in iter_strings(fe, ())):
+            self.add(self.position((*base, "for_each")),
+                     f"for_each of {label}: a YAML list is taken literally; to compute items "
+                     f"write one expression, as in for_each: \"{{{{ [vars.a, 'b'] }}}}\"")
         keep = step.get("keep")
         if keep is not None and not (isinstance(keep, str) and "{{" in keep):
             self.add(self.position((*base, "keep")),
