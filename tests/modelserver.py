@@ -15,6 +15,7 @@ headers included, so tests can prove the key arrived here and nowhere else.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -240,6 +241,12 @@ def _anthropic_reply(body: dict[str, Any], turn: Turn, n: int) -> dict[str, Any]
 def _make_handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            super().setup()
+            # Headers and body go out in two writes; without this, Nagle and
+            # delayed ACKs add ~40 ms to every call, as no real server does.
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def do_POST(self) -> None:
             if self.path.rstrip("/").endswith("/chat/completions"):

@@ -6,13 +6,12 @@ the unix socket and runs the tools in the work directory (its cwd). It holds no
 key and has no network; everything it says to the model goes through the
 broker, which records it.
 
-Standard library only (stdlib ``http.client`` over ``AF_UNIX``): the jail must
+Standard library only (a minimal HTTP/1.1 client over ``AF_UNIX``): the jail must
 start fast and must not import httpx, pydantic or the engine.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import socket
@@ -50,33 +49,49 @@ def connect_unix(path: str, timeout: float | None = None) -> socket.socket:
     return sock
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str) -> None:
-        super().__init__("broker")
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = connect_unix(self._path)
-
-
 class BrokerClient:
-    """JSON over HTTP/1.1 to the host broker; one keep-alive connection."""
+    """JSON over HTTP/1.1 to the host broker on one keep-alive unix connection.
+
+    A dozen lines instead of ``http.client``: that module pulls in ``email``
+    and ``ssl`` and would double the jail's import time.
+    """
 
     def __init__(self, socket_path: str) -> None:
-        self._conn = _UnixConnection(socket_path)
+        self._path = socket_path
+        self._sock: socket.socket | None = None
+        self._buf = b""
+
+    def _exchange(self, route: str, body: bytes) -> bytes:
+        if self._sock is None:
+            self._sock = connect_unix(self._path)
+            self._buf = b""
+        head = f"POST {route} HTTP/1.1\r\nHost: broker\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        self._sock.sendall(head.encode() + body)
+        while b"\r\n\r\n" not in self._buf:
+            self._recv()
+        header, _, self._buf = self._buf.partition(b"\r\n\r\n")
+        status_line, *lines = header.decode("latin-1").split("\r\n")
+        if status_line.split(" ")[1:2] != ["200"]:
+            raise ConnectionError(f"broker answered {status_line!r}")
+        length = next((int(v) for k, _, v in (ln.partition(":") for ln in lines) if k.strip().lower() == "content-length"), None)
+        if length is None:
+            raise ConnectionError("broker answer without content-length")
+        while len(self._buf) < length:
+            self._recv()
+        data, self._buf = self._buf[:length], self._buf[length:]
+        return data
+
+    def _recv(self) -> None:
+        assert self._sock is not None
+        chunk = self._sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the broker closed the connection")
+        self._buf += chunk
 
     def post(self, route: str, payload: dict[str, Any]) -> dict[str, Any]:
-        body = json.dumps(payload).encode()
-        for attempt in (1, 2):
-            try:
-                self._conn.request("POST", route, body, {"content-type": "application/json"})
-                resp = self._conn.getresponse()
-                data = resp.read()
-                break
-            except (ConnectionError, http.client.HTTPException):
-                self._conn.close()
-                if attempt == 2:
-                    raise
+        # No retry: a call whose answer was lost may have happened (a model
+        # call counted, a write approved); the loop ends instead.
+        data = self._exchange(route, json.dumps(payload).encode())
         value = json.loads(data)
         if not isinstance(value, dict):
             raise ValueError("broker answered with a non-object")

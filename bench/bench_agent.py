@@ -1,0 +1,178 @@
+"""Agent benchmark (issue 4, "Measure").
+
+In the same run, against the same scripted model server on loopback
+(``tests/modelserver.py``, real HTTP, real OpenAI wire format):
+
+1. broker overhead per model call: the median latency of a model call made by
+   the jail side through the broker's unix socket (translation, forwarding with
+   httpx, transcript write) minus the median of the same call made directly
+   with httpx to the server; target <= 5 ms;
+2. agent-step start: from entering ``start_agent`` to the first model request
+   arriving at the server (broker up, jail started, interpreter and loop
+   ready), per sandbox backend that works here;
+3. the jail's import time (``stockade.agent.jail``) next to ``import httpx``,
+   which the jail deliberately avoids.
+
+Usage: ``python bench/bench_agent.py [--calls 300] [--starts 15]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from modelserver import ModelServer, Seen, Turn, say  # noqa: E402
+
+from stockade.agent import AgentJob, start_agent  # noqa: E402
+from stockade.agent.jail import BrokerClient  # noqa: E402
+from stockade.agent.wire import to_openai  # noqa: E402
+from stockade.sandbox.base import Backend  # noqa: E402
+from stockade.sandbox.none import NoneBackend  # noqa: E402
+from stockade.sandbox.policy import Policy  # noqa: E402
+from stockade.spec.model import Agent  # noqa: E402
+
+MESSAGES = [
+    {"role": "system", "text": "rules " * 50},
+    {"role": "user", "text": "Summarise sales.csv into out/report.md. " * 10},
+    {"role": "assistant", "text": "", "tool_calls": [{"id": "c1", "name": "read_file", "arguments": '{"path": "sales.csv"}'}]},
+    {"role": "tool", "results": [{"id": "c1", "name": "read_file", "content": "region,month,revenue\n" * 100, "is_error": False}]},
+]
+
+
+def ms(xs: list[float]) -> str:
+    q = statistics.quantiles(xs, n=20)
+    return f"median {statistics.median(xs) * 1000:.2f} ms, p95 {q[-1] * 1000:.2f} ms"
+
+
+def job_for(tmp: Path, env: dict[str, str], max_turns: int) -> AgentJob:
+    work, meta = tmp / "work", tmp / "meta"
+    (work / "out").mkdir(parents=True, exist_ok=True)
+    meta.mkdir(parents=True, exist_ok=True)
+    (work / "sales.csv").write_text("region,month,revenue\nnorth,1,2\n")
+    return AgentJob(
+        run_id="bench", step="s", item=0, attempt=1,
+        config=Agent(model="openai/bench", prompt="Summarise sales.csv", tools=["read_file", "list_dir", "create_file"], max_turns=max_turns),
+        work_dir=work, meta_dir=meta, runtime_dir=tmp / "rt", timeout=None, host_env=env,
+        echo=lambda s: None, interactive=False,
+    )
+
+
+def broker_overhead(calls: int) -> None:
+    with ModelServer([say("ok")] * 2) as srv, tempfile.TemporaryDirectory(prefix="sb-") as d:
+        body = to_openai("bench", MESSAGES, ["read_file", "list_dir", "create_file"])
+        headers = {"authorization": f"Bearer {srv.key}"}
+        direct: list[float] = []
+        with httpx.Client() as client:
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                r = client.post(srv.openai_base + "/chat/completions", json=body, headers=headers)
+                r.json()
+                direct.append(time.perf_counter() - t0)
+        brokered: list[float] = []
+        with start_agent(job_for(Path(d), srv.env("openai"), max_turns=calls + 10)) as s:
+            cfg = json.loads(Path(s.launch.argv[-1]).read_text())
+            jail_side = BrokerClient(cfg["socket"])
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                answer = jail_side.post("/model", {"messages": MESSAGES, "tools": []})
+                brokered.append(time.perf_counter() - t0)
+                assert answer["ok"], answer
+    over = statistics.median(brokered) - statistics.median(direct)
+    print(f"model call, direct httpx -> server:        {ms(direct)}")
+    print(f"model call, jail -> broker -> server:      {ms(brokered)}")
+    print(f"broker overhead per call (median diff):    {over * 1000:.2f} ms "
+          f"(ratio {statistics.median(brokered) / statistics.median(direct):.2f}x; target <= 5 ms)")
+
+
+def backends() -> list[Backend]:
+    out: list[Backend] = [NoneBackend()]
+    try:
+        from stockade.sandbox.bwrap import BwrapBackend
+
+        b = BwrapBackend()
+        with tempfile.TemporaryDirectory() as d:
+            pol = Policy(argv=("/bin/true",), work_dir=Path(d), scratch_dir=Path(d) / "s", env={"PATH": "/usr/bin:/bin"})
+            if b.availability().available and b.start(pol, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).wait(30) == 0:
+                out.append(b)
+            else:
+                print("bwrap: backend present but cannot start a jail here; skipped")
+    except ImportError:
+        print("bwrap: backend not available; skipped")
+    return out
+
+
+def agent_start(starts: int) -> None:
+    for backend in backends():
+        times: list[float] = []
+        for _ in range(starts):
+            first = threading.Event()
+
+            def script(seen: Seen, n: int, first: threading.Event = first) -> Turn:
+                first.set()
+                return say("done")
+
+            with ModelServer(script) as srv, tempfile.TemporaryDirectory(prefix="sb-") as d:
+                job = job_for(Path(d), srv.env("openai"), max_turns=3)
+                t0 = time.perf_counter()
+                with start_agent(job) as s:
+                    env = {"PATH": "/usr/bin:/bin"} | dict(s.launch.env)
+                    pol = Policy(argv=s.launch.argv, work_dir=job.work_dir, scratch_dir=Path(d) / "scratch",
+                                 env=env, mounts=s.launch.mounts)
+                    with open(Path(d) / "jail.log", "wb") as log:
+                        running = backend.start(pol, stdout=log, stderr=log)
+                    got = first.wait(30)
+                    times.append(time.perf_counter() - t0)
+                    code = running.wait(30)
+                    outcome = s.finish(code)
+                    if not (got and outcome.ok):
+                        log_text = (Path(d) / "jail.log").read_text()[-500:]
+                        print(f"agent-step start ({backend.name}): FAILED: {outcome.message}\n{log_text}")
+                        break
+        else:
+            print(f"agent-step start ({backend.name:5}): enter -> first model request: {ms(times)}")
+
+
+def imports() -> None:
+    exe = os.path.realpath(sys.executable)
+    src = str(ROOT / "src")
+
+    def t(code: str, site: bool) -> float:
+        runs = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            argv = [sys.executable, "-I"] if site else [exe, "-I", "-S"]
+            subprocess.run([*argv, "-c", f"import sys;sys.path.insert(0,{src!r});{code}"], check=True)
+            runs.append(time.perf_counter() - t0)
+        return statistics.median(runs)
+
+    base, base_site = t("pass", False), t("pass", True)
+    print(f"python -I -S startup:                      {base * 1000:.1f} ms")
+    print(f"  + import stockade.agent.jail:            {(t('import stockade.agent.jail', False) - base) * 1000:.1f} ms")
+    print(f"  + import httpx (for comparison, unused): {(t('import httpx', True) - base_site) * 1000:.1f} ms")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--starts", type=int, default=15)
+    a = ap.parse_args()
+    broker_overhead(a.calls)
+    agent_start(a.starts)
+    imports()
+
+
+if __name__ == "__main__":
+    main()
