@@ -1,0 +1,243 @@
+"""``publish()`` end to end against a real store and a real SQLite sink."""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stockade.publish import FLAT_SERIES_EVENT, PublishRequest, publish
+from stockade.publish.sink import Write
+from stockade.publish.sql import SQLiteSink
+from stockade.store import ArtifactRecord, Effect, ItemRecord, RunRecord, Store, open_store
+
+NOW = 2_000_000_000.0
+DAY = 86400.0
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    url = None if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    s = open_store(url, tmp_path / "root")
+    yield s
+    s.close()
+
+
+def req(tmp_path: Path, run: str = "A", item: int = 0, key: str = "2026-09-14",
+        payload: Any = None, **kw: Any) -> PublishRequest:
+    base: dict[str, Any] = dict(
+        run_id=run, step="publish", item=item, attempt=1,
+        to="sqlite:///sink/reports.db?table=daily_report", base_dir=tmp_path, key=key,
+        payload={"total": 3} if payload is None else payload, lease="wf.publish", lease_ttl=30.0,
+        max_age=DAY, run_started_at=NOW - 60, allow_stale=False, input_fingerprint=f"fp-{run}",
+    )
+    base.update(kw)
+    return PublishRequest(**base)
+
+
+def table(tmp_path: Path) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(tmp_path / "sink" / "reports.db") as db:
+        return list(db.execute(
+            "SELECT key, payload, fencing_token, run_id FROM daily_report ORDER BY key"))
+
+
+def effects_in_sink(tmp_path: Path) -> list[str]:
+    with sqlite3.connect(tmp_path / "sink" / "reports.db") as db:
+        return [r[0] for r in db.execute("SELECT idempotency_key FROM stockade_sink_effects")]
+
+
+def clock() -> float:
+    return NOW
+
+
+def test_publish_then_newer_run_wins(store: Store, tmp_path: Path) -> None:
+    a = publish(req(tmp_path, "A"), store, clock=clock)
+    b = publish(req(tmp_path, "B", payload={"total": 4}), store, clock=clock)
+    assert (a.status, a.token, b.status, b.token) == ("succeeded", 1, "succeeded", 2)
+    assert table(tmp_path) == [("2026-09-14", '{"total": 4}', 2, "B")]
+    effect = store.get_effect("B/publish/0")
+    assert effect is not None and (effect.status, effect.token) == ("done", 2)
+
+
+@pytest.mark.parametrize("times", [2, 3, 4, 5])
+def test_replayed_publish_is_applied_once(store: Store, tmp_path: Path, times: int) -> None:
+    outs = [publish(req(tmp_path, attempt=n + 1), store, clock=clock) for n in range(times)]
+    assert [o.already_applied for o in outs] == [False] + [True] * (times - 1)
+    assert {o.token for o in outs} == {1}
+    assert effects_in_sink(tmp_path) == ["A/publish/0"]
+
+
+def test_finished_run_resume_writes_nothing(store: Store, tmp_path: Path) -> None:
+    publish(req(tmp_path, "A"), store, clock=clock)
+    db = tmp_path / "sink" / "reports.db"
+    before = db.stat().st_mtime_ns, table(tmp_path)
+    # Even past its window and with a changed payload: the effect is done.
+    out = publish(req(tmp_path, "A", payload={"total": 99}, run_started_at=NOW - 3 * DAY), store,
+                  clock=clock)
+    assert (out.status, out.already_applied, out.token) == ("succeeded", True, 1)
+    assert (db.stat().st_mtime_ns, table(tmp_path)) == before
+
+
+def test_claimed_effect_that_landed_is_reconciled_not_rewritten(store: Store, tmp_path: Path) -> None:
+    """A crash after the sink committed but before the store heard of it."""
+    r = req(tmp_path, "A")
+    lease = store.acquire_lease(r.lease, "A", 30.0, user=r.idempotency_key)
+    assert lease is not None
+    store.claim_effect(Effect(key=r.idempotency_key, run_id="A", step="publish", item=0,
+                              attempt=1, lease=r.lease, sink=r.to, sink_key=r.key,
+                              payload_sha256="x", token=lease.token, claimed_at=NOW))
+    sink = SQLiteSink(tmp_path / "sink" / "reports.db", "daily_report")
+    assert sink.write(Write(r.idempotency_key, r.key, r.payload, "A", lease.token, r.lease)).status == "applied"
+    sink.close()
+    # ... process dies here; its lease user is never released. Resume:
+    out = publish(dataclasses.replace(r, attempt=2), store, clock=clock)
+    assert (out.status, out.already_applied, out.token) == ("succeeded", True, lease.token)
+    assert "reconciled" in out.message
+    assert effects_in_sink(tmp_path) == ["A/publish/0"]
+    done = store.get_effect(r.idempotency_key)
+    assert done is not None and done.status == "done"
+    # The lease went with the reconciliation: another run can take it at once.
+    b = publish(req(tmp_path, "B"), store, clock=clock, lease_wait=0)
+    assert (b.status, b.token) == ("succeeded", lease.token + 1)
+
+
+def test_claimed_effect_that_did_not_land_is_written_once(store: Store, tmp_path: Path) -> None:
+    r = req(tmp_path, "A")
+    store.claim_effect(Effect(key=r.idempotency_key, run_id="A", step="publish", item=0,
+                              attempt=1, lease=r.lease, sink=r.to, sink_key=r.key,
+                              payload_sha256="x", token=None, claimed_at=NOW))
+    out = publish(dataclasses.replace(r, attempt=2), store, clock=clock)
+    assert (out.status, out.already_applied) == ("succeeded", False)
+    assert table(tmp_path) == [("2026-09-14", '{"total": 3}', 1, "A")]
+
+
+def test_stale_holder_is_fenced_and_stays_fenced(store: Store, tmp_path: Path) -> None:
+    """A's lease expires mid-publish, B takes it and writes; A's late write changes nothing."""
+    r_a = req(tmp_path, "A")
+    old = store.acquire_lease(r_a.lease, "A", 30.0, now=store.db_now() - 100)
+    assert old is not None
+    b = publish(req(tmp_path, "B", key="2026-09-15"), store, clock=clock)
+    assert (b.status, b.token) == ("succeeded", 2)
+    sink = SQLiteSink(tmp_path / "sink" / "reports.db", "daily_report")
+    late = sink.write(Write(r_a.idempotency_key, r_a.key, r_a.payload, "A", old.token, r_a.lease))
+    assert (late.status, late.winner_token) == ("fenced", 2)
+    assert table(tmp_path) == [("2026-09-15", '{"total": 3}', 2, "B")]
+
+
+def test_fenced_item_is_not_rewritten_on_resume(store: Store, tmp_path: Path) -> None:
+    r = req(tmp_path, "A")
+    store.claim_effect(Effect(key=r.idempotency_key, run_id="A", step="publish", item=0,
+                              attempt=1, lease=r.lease, sink=r.to, sink_key=r.key,
+                              payload_sha256="x", token=1, claimed_at=NOW))
+    store.finish_effect(r.idempotency_key, status="fenced", token=1, at=NOW,
+                        message="fenced out at sink: token 1 < newer token 2 (written by run B)")
+    out = publish(dataclasses.replace(r, attempt=2), store, clock=clock)
+    assert out.status == "fenced" and "newer token 2" in out.message
+    assert not (tmp_path / "sink" / "reports.db").exists()
+
+
+def test_row_with_higher_token_fences_the_run(store: Store, tmp_path: Path) -> None:
+    sink = SQLiteSink(tmp_path / "sink" / "reports.db", "daily_report")
+    sink.write(Write("X/publish/0", "2026-09-14", {"v": 1}, "X", 41, "other-lease"))
+    sink.close()
+    out = publish(req(tmp_path, "A"), store, clock=clock)
+    assert (out.status, out.token, out.winner_token) == ("fenced", 1, 41)
+    assert "token 1 < newer token 41" in out.message and "run X" in out.message
+    assert table(tmp_path) == [("2026-09-14", '{"v": 1}', 41, "X")]
+
+
+@pytest.mark.parametrize(
+    ("age", "allow_stale", "max_age", "status"),
+    [
+        (DAY - 1, False, DAY, "succeeded"),
+        (DAY + 1, False, DAY, "failed"),
+        (DAY + 1, True, DAY, "succeeded"),
+        (3601, False, 3600, "failed"),
+        (7 * DAY, True, 3600, "succeeded"),
+    ],
+)
+def test_run_window(store: Store, tmp_path: Path, age: float, allow_stale: bool, max_age: float,
+                    status: str) -> None:
+    out = publish(req(tmp_path, run_started_at=NOW - age, allow_stale=allow_stale,
+                      max_age=max_age), store, clock=clock)
+    assert out.status == status
+    if status == "failed":
+        assert "--allow-stale" in out.message and "publish window" in out.message
+        assert not (tmp_path / "sink" / "reports.db").exists()
+
+
+def art(run: str, sha: str = "ab" * 32) -> dict[str, Any]:
+    return {"$artifact": {"run_id": run, "step": "analyse", "item": 2, "attempt": 1,
+                          "name": "report.md", "sha256": sha, "size": 5}, "text": "hello"}
+
+
+@pytest.mark.parametrize(
+    ("payload", "refused"),
+    [
+        (art("A"), None),
+        ([art("A"), {"nested": [art("OLD")]}], "from run OLD"),
+        ({"report": art("OLD")}, "from run OLD"),
+        ({"report": art("A", sha="cd" * 32)}, "recorded " + "ab" * 32),
+        ({"$artifact": {"step": "x"}}, "from run None"),
+    ],
+)
+def test_payload_provenance(store: Store, tmp_path: Path, payload: Any, refused: str | None) -> None:
+    store.create_run(RunRecord("A", "wf", "wf.yaml", "0" * 64, "/r", "running", NOW - 60))
+    store.complete_item(ItemRecord("A", "analyse", 2, "succeeded", 1),
+                        [ArtifactRecord("A", "analyse", 2, 1, "report.md", "ab" * 32, 5)])
+    out = publish(req(tmp_path, payload=payload), store, clock=clock)
+    if refused is None:
+        assert out.status == "succeeded"
+    else:
+        assert out.status == "failed" and "refused" in out.message and refused in out.message
+        assert not (tmp_path / "sink" / "reports.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "fp_same", "warned"),
+    [
+        ({"total": 3}, {"total": 3}, False, True),       # the seed's flat day-over-day series
+        ({"total": 3}, {"total": 4}, False, False),
+        ({"total": 3}, {"total": 3}, True, False),       # same inputs, same answer: fine
+        (art("A"), art("B"), False, True),               # same bytes from two runs
+    ],
+)
+def test_flat_series_warning(store: Store, tmp_path: Path, first: Any, second: Any, fp_same: bool,
+                             warned: bool) -> None:
+    publish(req(tmp_path, "A", key="2026-09-13", payload=first), store, clock=clock)
+    out = publish(req(tmp_path, "B", key="2026-09-14", payload=second,
+                      input_fingerprint="fp-A" if fp_same else "fp-B"), store, clock=clock)
+    assert out.status == "succeeded"
+    events = [e for e in store.events("B") if e.kind == FLAT_SERIES_EVENT]
+    if warned:
+        assert len(out.warnings) == 1 and "run A" in out.warnings[0]
+        assert len(events) == 1 and events[0].data["previous_run"] == "A"
+    else:
+        assert out.warnings == () and events == []
+
+
+def test_lease_held_by_live_run_fails_after_waiting(store: Store, tmp_path: Path) -> None:
+    assert store.acquire_lease("wf.publish", "other-run", 60.0) is not None
+    slept: list[float] = []
+    out = publish(req(tmp_path), store, clock=clock, sleep=slept.append, lease_wait=2.0)
+    assert out.status == "failed" and "held by other-run (token 1)" in out.message
+    assert sum(slept) >= 2.0 and not (tmp_path / "sink" / "reports.db").exists()
+
+
+def test_items_of_one_run_share_the_token(store: Store, tmp_path: Path) -> None:
+    outs = [publish(req(tmp_path, "A", item=i, key=f"k{i}"), store, clock=clock) for i in range(3)]
+    assert [o.token for o in outs] == [1, 1, 1]
+    assert publish(req(tmp_path, "B", key="k9"), store, clock=clock, lease_wait=0).token == 2
+
+
+@pytest.mark.parametrize(
+    ("to", "message"),
+    [("ftp://x/y", "unknown sink"), ("sqlite:///x.db", "?table=NAME")],
+)
+def test_bad_sink_url_is_a_failed_outcome(store: Store, tmp_path: Path, to: str, message: str) -> None:
+    out = publish(req(tmp_path, to=to), store, clock=clock)
+    assert out.status == "failed" and message in out.message
