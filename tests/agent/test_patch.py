@@ -26,6 +26,12 @@ SRC = "a\nb\nc\nd\ne\nf\ng\n"
         ("x\n", "@@ -1 +1 @@\n-x\n+y\n\\ No newline at end of file\n", "y"),
         # adding a newline at the end
         ("x", "@@ -1 +1 @@\n-x\n\\ No newline at end of file\n+x\n", "x\n"),
+        # wrong @@ counts (models get them wrong): the body decides, context must match
+        (SRC, "@@ -2,9 +2,1 @@\n b\n-c\n+C\n", "a\nb\nC\nd\ne\nf\ng\n"),
+        # bare @@ and a stripped blank context line
+        ("p\n\nq\n", "@@\n p\n\n-q\n+Q\n", "p\n\nQ\n"),
+        # trailing blank lines after the diff are not context
+        (SRC, "@@ -1 +1 @@\n-a\n+A\n\n\n", "A\nb\nc\nd\ne\nf\ng\n"),
         # insertion into an empty file
         ("", "@@ -0,0 +1,2 @@\n+p\n+q\n", "p\nq\n"),
     ],
@@ -42,13 +48,23 @@ def test_apply(text: str, diff: str, expected: str) -> None:
         ("--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+A\n--- a/y.py\n+++ b/y.py\n@@ -1 +1 @@\n-a\n+A\n", "more than one file"),
         ("@@ -1,2 +1,2 @@\n-zzz\n+A\n b\n", "does not match"),
         ("just text", "no @@ hunks"),
-        ("@@ -1,3 +1,3 @@\n a\n", "shorter"),
-        ("@@ -1 +1 @@\n-a\n+A\n?weird\n", "not part of a hunk"),
+        ("@@ -1,3 +1,3 @@\n", "empty"),
+        ("@@\n-a\n+A\n b\n", None),  # bare @@, unique context: fine (see test_apply)
+        ("@@ -1 +1 @@\n-a\n+A\n?weird\n", "prefix"),
+        ("garbage\n+A\n", "not part of a hunk"),
     ],
 )
-def test_reject(diff: str, error: str) -> None:
+def test_reject(diff: str, error: str | None) -> None:
+    if error is None:
+        patch.apply(SRC, diff, "x.py")
+        return
     with pytest.raises(patch.PatchRejected, match=error):
         patch.apply(SRC, diff, "x.py")
+
+
+def test_bare_hunk_must_be_unambiguous() -> None:
+    with pytest.raises(patch.PatchRejected, match="several places"):
+        patch.apply("x\ny\nx\n", "@@\n-x\n+z\n", "f")
 
 
 def test_header_may_name_the_file_inside_an_input_folder() -> None:

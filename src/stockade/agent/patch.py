@@ -13,7 +13,9 @@ import difflib
 import re
 from dataclasses import dataclass
 
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+#: ``@@ -12,3 +12,4 @@``; a bare ``@@`` (no numbers, as models sometimes
+#: write) is accepted when its context occurs exactly once.
+_HUNK = re.compile(r"^@@(?: -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@)?")
 _NO_EOL = "\\ No newline at end of file"
 
 
@@ -65,13 +67,12 @@ def parse(diff: str, path: str) -> list[_Hunk]:
                 raise PatchRejected(f"line {i + 1} of the diff is not part of a hunk: {line[:80]!r}")
             i += 1  # preamble such as "diff --git" or "index ..."
             continue
-        old_n = int(m.group(2)) if m.group(2) is not None else 1
-        new_n = int(m.group(4)) if m.group(4) is not None else 1
-        hunk = _Hunk(int(m.group(1)), [], [])
+        hunk = _Hunk(int(m.group(1)) if m.group(1) is not None else -1, [], [])
         i += 1
-        seen_old = seen_new = 0
         last = ""
-        while i < len(lines) and (seen_old < old_n or seen_new < new_n or lines[i] == _NO_EOL):
+        # The @@ counts are not trusted: models often get them wrong. The
+        # body runs to the next hunk or header, and the context must match.
+        while i < len(lines) and not _HUNK.match(lines[i]) and not _is_header(lines, i):
             body = lines[i]
             if body == _NO_EOL:
                 if last in (" ", "-"):
@@ -84,24 +85,36 @@ def parse(diff: str, path: str) -> list[_Hunk]:
             if tag == " ":
                 hunk.old.append(text)
                 hunk.new.append(text)
-                seen_old += 1
-                seen_new += 1
             elif tag == "-":
                 hunk.old.append(text)
-                seen_old += 1
             elif tag == "+":
                 hunk.new.append(text)
-                seen_new += 1
             else:
-                raise PatchRejected(f"line {i + 1} of the diff has no ' ', '-' or '+' prefix")
+                raise PatchRejected(f"line {i + 1} of the diff has no ' ', '-' or '+' prefix: {body[:80]!r}")
             last = tag
             i += 1
-        if seen_old != old_n or seen_new != new_n:
-            raise PatchRejected(f"hunk at line {hunk.old_start} is shorter than its @@ header says")
+        # Bare blank lines closing a hunk are usually the diff's own trailing
+        # newlines (or context whose space an editor stripped): drop them.
+        j = i - 1
+        while j >= 0 and lines[j] == "" and hunk.old and hunk.new and hunk.old[-1] == "" and hunk.new[-1] == "":
+            hunk.old.pop()
+            hunk.new.pop()
+            j -= 1
+        if not hunk.old and not hunk.new:
+            raise PatchRejected(f"hunk at line {hunk.old_start} is empty")
         hunks.append(hunk)
     if not hunks:
         raise PatchRejected("the diff has no @@ hunks")
     return hunks
+
+
+def _is_header(lines: list[str], i: int) -> bool:
+    return lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")
+
+
+def _count(lines: list[str], block: list[str], lo: int) -> int:
+    n = len(block)
+    return sum(1 for start in range(lo, len(lines) - n + 1) if lines[start : start + n] == block)
 
 
 def _find(lines: list[str], block: list[str], want: int, lo: int) -> int:
@@ -124,7 +137,9 @@ def apply(text: str, diff: str, path: str) -> str:
     out: list[str] = []
     pos = 0
     for h in hunks:
-        want = max(h.old_start - 1, 0) if h.old else h.old_start
+        if h.old_start < 0 and h.old and _count(lines, h.old, pos) > 1:
+            raise PatchRejected("a hunk without line numbers matches several places; add @@ -N,M +N,M @@ line numbers")
+        want = max(h.old_start - 1, 0) if h.old else max(h.old_start, 0)
         at = _find(lines, h.old, want, pos) if h.old else min(max(want, pos), len(lines))
         if at < 0:
             raise PatchRejected(

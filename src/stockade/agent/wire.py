@@ -17,6 +17,8 @@ from stockade.agent.tools import anthropic_tools, openai_tools
 
 PROVIDERS = ("openai", "anthropic")
 ANTHROPIC_VERSION = "2023-06-01"
+#: Anthropic honours ``strict`` on tool definitions under this beta.
+ANTHROPIC_STRICT_BETA = "structured-outputs-2025-11-13"
 DEFAULT_BASE = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
 MAX_TOKENS = 8192
 
@@ -57,6 +59,7 @@ def headers(provider: str, key: str | None) -> dict[str, str]:
             h["authorization"] = f"Bearer {key}"
     else:
         h["anthropic-version"] = ANTHROPIC_VERSION
+        h["anthropic-beta"] = ANTHROPIC_STRICT_BETA
         if key:
             h["x-api-key"] = key
     return h
