@@ -47,6 +47,7 @@ def _starts(b: Backend) -> bool:
         import tempfile
 
         with tempfile.TemporaryDirectory() as d:
+            os.chmod(d, 0o755)
             work, scratch = Path(d) / "w", Path(d) / "s"
             work.mkdir()
             pol = Policy(argv=("/bin/true",), work_dir=work, scratch_dir=scratch, env={"PATH": "/usr/bin:/bin"})
@@ -145,5 +146,8 @@ def short_tmp() -> Iterator[Path]:
     import tempfile
 
     d = Path(tempfile.mkdtemp(prefix="sa-"))
+    # Like a real runs folder: traversable, so a jail uid (bwrap runs jails
+    # as nobody when the engine is root) can reach its own work/.
+    os.chmod(d, 0o755)
     yield d
     shutil.rmtree(d, ignore_errors=True)

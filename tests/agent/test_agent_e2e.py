@@ -123,6 +123,8 @@ def test_seed_001_wrong_file_incident(provider: str, backend: str, short_tmp: Pa
     key = srv.key
     assert all(key in (s.headers.get("authorization", "") + s.headers.get("x-api-key", "")) for s in seen)
     assert jail_envs, "the jail process was not observed during a model call"
+    if backend == "bwrap":  # it really ran in the jail: HOME is the jail's private one
+        assert all(env.get("HOME") == "/home/stockade" for env in jail_envs), jail_envs[0]
     for env in jail_envs:
         assert not any(key in v for v in env.values())
         assert not any(k.endswith("_API_KEY") or k.endswith("_BASE_URL") for k in env)

@@ -52,8 +52,8 @@ def _script(root: Path) -> object:
 
 
 @pytest.mark.parametrize("backend", backends())
-def test_sceptic_example_end_to_end(backend: str, tmp_path: Path) -> None:
-    root = tmp_path / "home"
+def test_sceptic_example_end_to_end(backend: str, short_tmp: Path) -> None:
+    root = short_tmp / "home"
     with ModelServer(_script(root)) as srv:  # type: ignore[arg-type]
         env = {k: v for k, v in os.environ.items() if not k.endswith(("_API_KEY", "_BASE_URL"))}
         env |= srv.env("openai") | {"STOCKADE_SANDBOX": backend}
