@@ -31,7 +31,7 @@ class Project:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.root = path / ".stockade"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("STOCKADE_")}
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("STOCKADE_") or k == "STOCKADE_SANDBOX"}
         self.env["STOCKADE_HOME"] = str(self.root)
 
     def write(self, name: str, text: str) -> Path:

@@ -13,7 +13,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -79,7 +79,6 @@ class Engine:
         agent_factory: Callable[..., AttemptOutcome] | None = None,
     ) -> None:
         self.spec, self.plan, self.run, self.store = spec, plan, run, store
-        self.ac = attempt_context
         self.vars = dict(vars)
         self.jobs = max(1, jobs)
         self.reporter = reporter
@@ -90,7 +89,11 @@ class Engine:
         self.views: dict[str, dict[str, Any]] = {}
         self.messages: list[str] = []
         self.verified: dict[tuple[str, int], ItemRecord] = {}
-        self.kept_count = 0
+        self.ac = replace(attempt_context, attempt_started=self._attempt_started)
+
+    def _attempt_started(self, step: str, index: int, attempt: int, at: float) -> None:
+        self.store.record_attempt(AttemptRecord(self.run.run_id, step, index, attempt, "running",
+                                                None, at, at, ""))
 
     # -- context -------------------------------------------------------------
 
@@ -282,6 +285,12 @@ class Engine:
         idir = self.run.item(step.id, index)
         tctx = self.context(step, value, with_item=step.for_each is not None)
         outcome = AttemptOutcome("errored", 0)
+        if self.resume:
+            # Attempts a crashed engine left "running" never finished.
+            for a in self.store.attempts(self.run.run_id, step.id, index):
+                if a.outcome == "running":
+                    self.store.record_attempt(replace(a, outcome="lost",
+                                                      message="the engine stopped during this attempt"))
         for _ in range(step.retries + 1):
             if step.publish is not None:
                 if self.publisher is None:

@@ -1,0 +1,124 @@
+"""Fan-out benchmark for the core engine (issue: core engine, "Measure").
+
+Compares, in the same run on the same machine:
+
+1. ``stockade run`` of a 1,000-item fan-out of a trivial command with
+   ``--sandbox none --jobs 2`` against ``xargs -P2`` running the same command
+   in per-item directories (wall time ratio; target <= 2x);
+2. the time from launching ``stockade run`` to the first item's command
+   starting (target <= 0.3 s);
+3. a 10,000-item run: peak RSS of the engine process (target <= 150 MB);
+4. plan time (load + validate + plan + fan-out expansion) for 1k, 10k, 100k
+   items, to show it grows linearly.
+
+Usage: ``python bench/bench_fanout.py [--items 1000] [--big 10000] [--sandbox none]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+COMMAND = 'echo "$STOCKADE_ITEM" > out/x.txt'
+
+
+def workflow(n: int, first_marker: Path | None = None) -> str:
+    mark = ""
+    if first_marker is not None:
+        mark = f'[ "$STOCKADE_ITEM" = 0 ] && date +%s.%N > {first_marker}; '
+    return f"""name: bench
+steps:
+  - id: gather
+    run: seq 0 {n - 1} | awk 'BEGIN {{ printf "[" }} {{ printf "%s%s", (NR > 1 ? "," : ""), $0 }} END {{ print "]" }}' > out/items.json
+  - id: fan
+    needs: [gather]
+    for_each: "{{{{ steps.gather.outputs['items.json'] | from_json }}}}"
+    run: '{mark}{COMMAND}'
+"""
+
+
+def stockade_cmd() -> list[str]:
+    return [sys.executable, "-m", "stockade.cli.main"]
+
+
+def run_stockade(tmp: Path, n: int, sandbox: str, jobs: int, first: bool = False) -> dict[str, float]:
+    marker = tmp / f"first-{n}-{sandbox}.txt" if first else None
+    wf = tmp / f"wf-{n}-{sandbox}.yaml"
+    wf.write_text(workflow(n, marker))
+    root = tmp / f"root-{n}-{sandbox}"
+    env = {**os.environ, "STOCKADE_HOME": str(root)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t0 = time.time()
+    p = subprocess.run([*stockade_cmd(), "run", str(wf), "--sandbox", sandbox, "--jobs", str(jobs)],
+                       env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    wall = time.time() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"stockade run failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    out = {"wall": wall, "peak_rss_mb": max(rss, before) / 1024.0}
+    if marker is not None:
+        out["first_item_s"] = float(marker.read_text()) - t0
+    shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def run_xargs(tmp: Path, n: int) -> float:
+    base = tmp / "xargs"
+    base.mkdir(exist_ok=True)
+    script = f'mkdir -p "$0/work/out" && cd "$0/work" && STOCKADE_ITEM="$0" sh -c \'{COMMAND}\''
+    t0 = time.time()
+    subprocess.run(
+        f"seq 0 {n - 1} | (cd {base} && xargs -P2 -I{{}} sh -c '{script}' {{}})",
+        shell=True, check=True,
+    )
+    wall = time.time() - t0
+    shutil.rmtree(base, ignore_errors=True)
+    return wall
+
+
+def plan_time(n: int) -> float:
+    from stockade.plan import build_plan, expand
+    from stockade.spec import load_workflow
+
+    text = workflow(n).encode()
+    t0 = time.perf_counter()
+    spec = load_workflow(text, "bench.yaml")
+    build_plan(spec)
+    items = expand(list(range(n)))
+    assert len(items) == n
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--items", type=int, default=1000)
+    ap.add_argument("--big", type=int, default=10000)
+    ap.add_argument("--sandbox", default="none")
+    ap.add_argument("--jobs", type=int, default=2)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="stockade-bench-") as d:
+        tmp = Path(d)
+        xargs = run_xargs(tmp, args.items)
+        ours = run_stockade(tmp, args.items, args.sandbox, args.jobs, first=True)
+        print(f"fan-out of {args.items} items, --sandbox {args.sandbox}, {args.jobs} jobs")
+        print(f"  xargs -P2          {xargs:8.2f} s")
+        print(f"  stockade run       {ours['wall']:8.2f} s   ratio {ours['wall'] / xargs:5.2f}x (target <= 2x)")
+        print(f"  per item overhead  {(ours['wall'] - xargs) / args.items * 1000:8.2f} ms")
+        print(f"  first item started {ours['first_item_s']:8.3f} s after launch (target <= 0.3 s)")
+        if args.big:
+            big = run_stockade(tmp, args.big, args.sandbox, args.jobs)
+            print(f"{args.big} items: wall {big['wall']:.1f} s, peak RSS {big['peak_rss_mb']:.0f} MB "
+                  "(target <= 150 MB)")
+        for n in (1000, 10000, 100000):
+            print(f"plan {n:>6} items: {plan_time(n) * 1000:8.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
