@@ -151,7 +151,7 @@ def test_shell_quoting(source: str, expected: str) -> None:
         ("{{ vars[steps.x.result] if true else vars.y }}", None),  # dynamic vars key: refused below
         ("no template here", {"is_template": False, "whole": False, "refs": ()}),
         ("{{ steps.x.outputs[vars.name] }}", {"steps_used": {"x"}, "vars_used": {"name"},
-                                              "refs": ("vars.name", "steps.x.outputs")}),
+                                              "refs": ("steps.x.outputs[...]", "vars.name")}),
     ],
 )
 def test_refs_and_usage(source: str, fields: dict[str, Any] | None) -> None:

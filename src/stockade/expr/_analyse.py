@@ -131,12 +131,9 @@ class Analyser:
         for acc in accessors:
             if isinstance(acc, nodes.Getattr) and acc.attr.startswith("_"):
                 raise _fail(acc, f"attribute {acc.attr!r} is private; use ['{acc.attr}'] for a key")
-        # Dynamic keys and slices are ordinary expressions to check.
-        for acc in accessors:
-            if isinstance(acc, nodes.Getitem) and _const_key(acc) is None:
-                self.visit(acc.arg)
         if not (isinstance(base, nodes.Name) and base.name in ROOTS):
             self.visit(base)
+            self._dynamic_keys(accessors)
             return
         root = base.name
         keys: list[tuple[nodes.Node, str | int]] = []
@@ -145,6 +142,8 @@ class Analyser:
             if key is None:
                 break
             keys.append((acc, key))
+        # A path that continues with a computed key is shown as ``[...]``.
+        more = "[...]" if len(keys) < len(accessors) else ""
         if root in ("steps", "vars"):
             if not keys or not isinstance(keys[0][1], str):
                 raise _fail(node, f"{root} must be followed by a literal name, as in {root}.x or {root}['x']")
@@ -158,7 +157,14 @@ class Analyser:
             else:
                 self.found.uses_run = True
             text = root + "".join(_fmt(a, k) for a, k in keys)
-        self.found.ref(text)
+        self.found.ref(text + more)
+        self._dynamic_keys(accessors)
+
+    def _dynamic_keys(self, accessors: list[nodes.Node]) -> None:
+        """Computed keys and slices are ordinary expressions to check."""
+        for acc in accessors:
+            if isinstance(acc, nodes.Getitem) and _const_key(acc) is None:
+                self.visit(acc.arg)
 
     def _call(self, node: nodes.Call) -> None:
         target = node.node
