@@ -104,6 +104,7 @@ def backends() -> list[Backend]:
 
         b = BwrapBackend()
         with tempfile.TemporaryDirectory() as d:
+            os.chmod(d, 0o755)
             pol = Policy(argv=("/bin/true",), work_dir=Path(d), scratch_dir=Path(d) / "s", env={"PATH": "/usr/bin:/bin"})
             if b.availability().available and b.start(pol, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).wait(30) == 0:
                 out.append(b)
@@ -125,6 +126,7 @@ def agent_start(starts: int) -> None:
                 return say("done")
 
             with ModelServer(script) as srv, tempfile.TemporaryDirectory(prefix="sb-") as d:
+                os.chmod(d, 0o755)  # a jail uid must reach its work/, as in a real runs folder
                 job = job_for(Path(d), srv.env("openai"), max_turns=3)
                 t0 = time.perf_counter()
                 with start_agent(job) as s:
