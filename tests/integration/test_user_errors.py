@@ -1,0 +1,105 @@
+"""Bad input through the real CLI: one actionable message, exit 2, no traceback,
+and nothing executed or written."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.integration.conftest import Project
+
+POSITIONED = re.compile(r"^\S+:\d+:\d+: .+", re.MULTILINE)
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"", "empty"),
+        (b"- a\n- b\n", "mapping"),
+        (b"\xff\xfe\x00garbage\x00\x01", "UTF-8"),
+        (b"\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00>\x00", ""),
+        (b"name: x\nsteps:\n  - id: a\n    run: echo\n    colour: blue\n", "colour"),
+        (b"name: x\nname: y\nsteps: []\n", "duplicate"),
+        (b"name: x\nsteps:\n  - id: a\n    run: echo\n    agent: {prompt: hi}\n", "exactly one"),
+        (b"name: x\nsteps:\n  - id: a\n    run: echo {{ steps.b.result }}\n", "b"),
+        (b"name: x\nsteps:\n  - id: a\n    run: echo {% for x in y %}{% endfor %}\n", "{{ }}"),
+        (b"name: x\nsteps:\n  - id: a\n    needs: [a]\n    run: echo\n", "itself"),
+        (b"name: x\nsteps:\n  - id: a\n    run: echo {{ vars.nope }}\n", "nope"),
+        (b"name: x\nsteps:\n  - id: a\n    keep: '{{ true }}'\n", "for_each"),
+        (b"name: x\nsteps:\n  - id: a\n    timeout: -1\n    run: echo\n", "timeout"),
+        (b"name: x\nsteps: [\n", ""),
+        (b"\tname: x\n", ""),
+    ],
+)
+def test_malformed_workflow_exits_2_with_positions(project: Project, content: bytes, needle: str) -> None:
+    wf = project.path / "wf.yaml"
+    wf.write_bytes(content)
+    for cmd in (("validate", str(wf)), ("run", str(wf)), ("plan", str(wf))):
+        r = project.run(*cmd)
+        assert r.code == 2, (cmd, r.err)
+        assert "Traceback" not in r.err
+        assert POSITIONED.search(r.err), r.err
+        assert needle in r.err
+    assert not (project.root / "runs").exists()
+
+
+def test_validate_reports_all_problems_at_once(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: Bad_Name
+        steps:
+          - id: a
+            run: echo
+            colour: blue
+          - id: a
+            needs: [missing]
+            run: echo
+    """)
+    r = project.run("validate", str(wf))
+    assert r.code == 2
+    lines = POSITIONED.findall(r.err)
+    assert len(lines) >= 4, r.err
+    assert all(line.startswith(f"{wf}:") for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("run", "missing.yaml"), "no such file"),
+        (("run", "."), "directory"),
+        (("run", "wf.yaml", "--var", "undeclared=1"), "not declared"),
+        (("run", "wf.yaml", "--var", "novalue"), "KEY=VALUE"),
+        (("run", "wf.yaml", "--var", "count=ten"), "expected a int"),
+        (("resume", "no-such-run"), "no run"),
+        (("show", "no-such-run"), "no run"),
+        (("logs", "no-such-run", "a/0"), "no stdout"),
+    ],
+)
+def test_bad_arguments_exit_2(project: Project, args: tuple[str, ...], needle: str) -> None:
+    project.write("wf.yaml", "name: ok\nvars: {count: 3}\nsteps:\n  - id: a\n    run: echo\n")
+    r = project.run(*args)
+    assert r.code == 2, r.err
+    assert needle in r.err
+    assert "Traceback" not in r.err
+
+
+def test_require_sandbox_refuses_with_none_and_runs_nothing(project: Project) -> None:
+    marker = project.path / "ran"
+    wf = project.write("wf.yaml", f"name: req\nsteps:\n  - id: a\n    run: touch {marker}\n")
+    r = project.run("run", str(wf), "--sandbox", "none", "--require-sandbox")
+    assert r.code == 2
+    assert "requires an enforced sandbox" in r.err
+    assert not marker.exists()
+    assert not (project.root / "runs").exists()
+    wf2 = project.write("wf2.yaml", f"name: req\nsandbox: {{require: true}}\nsteps:\n  - id: a\n    run: touch {marker}\n")
+    r = project.run("run", str(wf2), "--sandbox", "none")
+    assert r.code == 2
+    assert not marker.exists()
+
+
+def test_schema_is_json_schema_2020_12(project: Project) -> None:
+    r = project.run("schema")
+    assert r.code == 0
+    schema = r.json()
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert "steps" in schema["properties"]
