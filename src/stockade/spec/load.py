@@ -34,6 +34,8 @@ class Spec:
     _data: Any = field(default=None, repr=False, compare=False)
     _positions: Mapping[DataPath, Pos] = field(default_factory=dict, repr=False, compare=False)
     _key_positions: Mapping[DataPath, Pos] = field(default_factory=dict, repr=False, compare=False)
+    #: Templates compiled while checking, so big files never recompile after the LRU evicts.
+    _templates: Mapping[DataPath, Template] = field(default_factory=dict, repr=False, compare=False)
 
     def position(self, *path: str | int) -> tuple[int, int]:
         """(line, col), 1-based, of the node at ``path``; its nearest known parent if absent."""
@@ -53,6 +55,9 @@ class Spec:
 
     def template(self, *path: str | int) -> Template:
         """The compiled template at ``path`` (cached); KeyError/TypeError if there is none."""
+        hit = self._templates.get(tuple(path))
+        if hit is not None:
+            return hit
         value = self.raw(*path)
         if not isinstance(value, str):
             raise TypeError(f"{'.'.join(map(str, path))} is not a string")
@@ -106,6 +111,7 @@ def load_workflow(data: bytes, filename: str) -> Spec:
         _data=raw,
         _positions=loaded.positions,
         _key_positions=loaded.key_positions,
+        _templates=dict(checker.templates),
     )
 
 
