@@ -20,18 +20,14 @@ from stockade.sandbox.policy import Policy
 from stockade.spec.model import Agent
 
 
-def _bwrap_backend() -> Backend | None:
+def _backend(name: str) -> Backend | None:
     b: Backend
     try:
         from stockade.sandbox import get_backend  # type: ignore[attr-defined]
 
-        b = get_backend("bwrap")
+        b = get_backend(name)
     except Exception:
-        try:
-            from stockade.sandbox.bwrap import BwrapBackend
-        except Exception:
-            return None
-        b = BwrapBackend()
+        return None
     if not b.availability().available:
         return None
     return b if _starts(b) else None
@@ -42,8 +38,7 @@ _PROBE: dict[str, bool] = {}
 
 def _starts(b: Backend) -> bool:
     """Whether the backend can run ``true`` in a jail here (probed once)."""
-    if "ok" not in _PROBE:
-        import subprocess
+    if b.name not in _PROBE:
         import tempfile
 
         with tempfile.TemporaryDirectory() as d:
@@ -52,30 +47,32 @@ def _starts(b: Backend) -> bool:
             work.mkdir()
             pol = Policy(argv=("/bin/true",), work_dir=work, scratch_dir=scratch, env={"PATH": "/usr/bin:/bin"})
             try:
-                r = b.start(pol, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                _PROBE["ok"] = r.wait(30) == 0
+                with open(os.devnull, "wb") as null:
+                    r = b.start(pol, stdout=null, stderr=null)
+                    _PROBE[b.name] = r.wait(30) == 0
             except Exception:
-                _PROBE["ok"] = False
-    return _PROBE["ok"]
+                _PROBE[b.name] = False
+    return _PROBE[b.name]
 
 
 def backends() -> list[object]:
-    """``none`` always; ``bwrap`` once its backend exists (skipped, not hidden, if not)."""
-    bw = _bwrap_backend()
-    return [
-        pytest.param("none", id="none"),
-        pytest.param(
-            "bwrap",
-            id="bwrap",
-            marks=pytest.mark.skipif(bw is None, reason="the bwrap backend is missing or cannot start a jail here"),
-        ),
-    ]
+    """``none`` always; ``bwrap`` and ``landlock`` where they start a jail (skipped, not hidden, if not)."""
+    out: list[object] = [pytest.param("none", id="none")]
+    for name in ("bwrap", "landlock"):
+        out.append(
+            pytest.param(
+                name,
+                id=name,
+                marks=pytest.mark.skipif(_backend(name) is None, reason=f"the {name} backend is missing or cannot start a jail here"),
+            )
+        )
+    return out
 
 
 def get(name: str) -> Backend:
     if name == "none":
         return NoneBackend()
-    b = _bwrap_backend()
+    b = _backend(name)
     assert b is not None
     return b
 

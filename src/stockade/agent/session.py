@@ -59,12 +59,17 @@ def _interpreter() -> tuple[str, tuple[Path, ...]]:
     return exe, tuple(roots)
 
 
-def jail_launch(config_path: Path, runtime_dir: Path) -> AgentLaunch:
+def jail_launch(config_path: Path, socket_path: Path) -> AgentLaunch:
     exe, prefixes = _interpreter()
     pkg = Path(stockade.__file__).resolve().parent
     mounts = [ExtraMount(p, str(p)) for p in prefixes]
-    mounts.append(ExtraMount(pkg, str(pkg)))
-    mounts.append(ExtraMount(runtime_dir, str(runtime_dir)))
+    # The folder holding the package, not just the package: the import
+    # system lists the sys.path entry itself, and landlock would refuse that.
+    mounts.append(ExtraMount(pkg.parent, str(pkg.parent)))
+    # The socket and the config file themselves, not their folder: the
+    # landlock backend re-allows AF_UNIX only when a mounted path is a socket.
+    mounts.append(ExtraMount(socket_path, str(socket_path)))
+    mounts.append(ExtraMount(config_path, str(config_path)))
     return AgentLaunch(
         argv=(exe, "-I", "-S", "-B", "-c", _BOOT, str(pkg.parent), str(config_path)),
         mounts=tuple(mounts),
@@ -100,7 +105,7 @@ class AgentSession:
         self._rt = job.runtime_dir.resolve() / secrets.token_hex(12)
         self._config_path = self._rt / "agent.json"
         self._socket_path = self._rt / "broker.sock"
-        self.launch = jail_launch(self._config_path, self._rt)
+        self.launch = jail_launch(self._config_path, self._socket_path)
 
     def __enter__(self) -> AgentSession:
         job, cfg = self.job, self.job.config
