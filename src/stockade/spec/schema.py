@@ -10,13 +10,68 @@ from typing import Any
 from stockade.spec.model import STEP_KINDS, Workflow
 
 SCHEMA_ID = "https://json-schema.org/draft/2020-12/schema"
+_TEMPLATE = "A {{ }} expression over vars, run, steps (only those in needs) and item."
+
+#: Editor hover text, per model and field.
+DESCRIPTIONS: dict[str, dict[str, str]] = {
+    "Workflow": {
+        "name": "Workflow name: lowercase letters, digits, '_' and '-'.",
+        "vars": "Defaults for vars.*; `--var K=V` may override declared vars only.",
+        "sandbox": "Sandbox requirements for every step.",
+        "secrets": "Host environment variables a step may receive (only if it lists them).",
+        "steps": "The steps, run in dependency order.",
+    },
+    "Step": {
+        "id": "Unique step id: lowercase letters, digits, '_' and '-'.",
+        "needs": "Steps that must finish first; only their results are visible as steps.X.",
+        "for_each": "Fan out: one item per element. " + _TEMPLATE + " Or a literal YAML list.",
+        "inputs": "Files placed in the step's work/ folder: name -> template or value. "
+                  "The only way anything enters a step's world.",
+        "env": "Extra environment variables by value (templates allowed).",
+        "secrets": "Names from the workflow's secrets: to pass into this step's environment.",
+        "timeout": "Seconds before the whole process group is stopped.",
+        "retries": "Extra attempts after a failure, each in a fresh work/ folder.",
+        "network": "'none' (default), 'open' (recorded as reduced isolation) or host[:port] patterns.",
+        "resources": "Limits: memory, cpu_seconds, processes, file_size.",
+        "isolate": "false is an explicit, recorded opt-out of the sandbox.",
+        "run": "A shell command run in work/; values rendered into it are shell-quoted.",
+        "agent": "An LLM tool loop inside the jail.",
+        "keep": "A decision over for_each items: one {{ }} expression giving true or false, "
+                "over vars, run, steps (only those in needs) and item.",
+        "publish": "A fenced write of a payload to a sink.",
+    },
+    "Publish": {
+        "to": "Sink URL: sqlite:///file.db?table=t, postgresql://...?table=t, file:///dir, http(s)://...",
+        "key": "The row/file key. " + _TEMPLATE,
+        "payload": "The value to publish. " + _TEMPLATE,
+        "lease": "Lease name (default: workflow name + step id).",
+        "lease_ttl": "Lease time to live, seconds.",
+    },
+    "Agent": {
+        "prompt": "The operator's request; write targets must be named here.",
+        "tools": "Tools the agent may call.",
+        "writes": "Glob patterns write tools may write to (default out/**).",
+        "max_turns": "Most model turns before the item fails.",
+        "approve": "auto, or ask: echo each write target and wait for y/N.",
+    },
+}
 
 
 def json_schema() -> dict[str, Any]:
     """JSON Schema of a workflow file, with the one-step-kind rule spelled out."""
     schema = Workflow.model_json_schema(mode="validation")
-    step = schema.get("$defs", {}).get("Step")
+    defs = schema.get("$defs", {})
+    for model, fields in DESCRIPTIONS.items():
+        target = schema if model == "Workflow" else defs.get(model, {})
+        for name, text in fields.items():
+            prop = target.get("properties", {}).get(name)
+            if prop is not None:
+                prop["description"] = text
+    step = defs.get("Step")
     if step is not None:
+        props = step["properties"]
+        props["for_each"].update({"anyOf": [{"type": "string", "pattern": "\\{\\{"}, {"type": "array"}]})
+        props["keep"].update({"type": "string", "pattern": "^\\s*\\{\\{[\\s\\S]*\\}\\}\\s*$"})
         step["oneOf"] = [{"required": [kind]} for kind in STEP_KINDS]
         step["dependentRequired"] = {"keep": ["for_each"]}
     return {
