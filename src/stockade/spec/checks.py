@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import posixpath
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,6 +22,12 @@ Pos = tuple[int, int]
 TEMPLATED = ("for_each", "inputs", "env", "run", ("agent", "prompt"), "keep",
              ("publish", "to"), ("publish", "key"), ("publish", "payload"))
 RESERVED_ENV_PREFIX = "STOCKADE_"
+#: What ``steps.X`` offers a template (DESIGN.md, "What a step exposes downstream").
+STEP_VIEW = ("result", "outputs", "items")
+
+
+def _kind(step: dict[str, Any]) -> str | None:
+    return next((k for k in ("run", "agent", "keep", "publish") if step.get(k) is not None), None)
 
 
 def iter_strings(value: Any, path: DataPath) -> Iterator[tuple[DataPath, str]]:
@@ -225,6 +232,18 @@ class Checker:
             elif name not in needs:
                 self.add(at, f"{slot} of {label} reads steps.{name}, which is not in its needs "
                              f"(add {name!r} to needs: so it runs first and its results are passed in)")
+        for ref in t.refs:
+            parts = ref.split(".", 2)
+            if parts[0] != "steps" or len(parts) < 3 or parts[1] not in self.ids:
+                continue
+            attr = re.split(r"[\[.]", parts[2], maxsplit=1)[0]
+            kind = _kind(self.steps_by_index(self.ids[parts[1]]))
+            if attr not in STEP_VIEW and not (attr == "decisions" and kind == "keep"):
+                self.add(at, f"{slot} of {label} reads {ref}; a step exposes only "
+                             f"{', '.join(STEP_VIEW)}")
+            elif attr == "outputs" and kind in ("keep", "publish"):
+                self.add(at, f"{slot} of {label} reads {ref}, but a {kind}: step writes no files; "
+                             f"use steps.{parts[1]}.result or .items")
         for var in sorted(t.vars_used - self.vars):
             declared = ", ".join(sorted(self.vars)) or "none"
             self.add(at, f"{slot} of {label} uses vars.{var}, which is not declared under vars: "
