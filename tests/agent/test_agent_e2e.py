@@ -115,8 +115,11 @@ def test_seed_001_wrong_file_incident(provider: str, backend: str, short_tmp: Pa
     assert "+    return round_cents(sum(xs))" in outcome.diff
     assert (it.meta / "changes.diff").read_text() == outcome.diff
     # The transcript: every call, with latency and usage, keys masked.
-    transcript = [json.loads(line) for line in (it.meta / "transcript.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (it.meta / "transcript.jsonl").read_text().splitlines()]
+    transcript = [t for t in records if t["event"] == "model_call"]
     assert [t["n"] for t in transcript] == list(range(1, 11))
+    assert records[-1] == {"time": records[-1]["time"], "event": "finish", "ok": True, "result": outcome.result,
+                           "message": "", "turns": 10}
     assert all(t["latency_ms"] >= 0 and t["usage"]["input_tokens"] and t["response"]["status"] == 200 for t in transcript)
     assert all(t["request"]["body"]["model"] == "scripted-1" for t in transcript)
     # The key reached the server, and nothing else.

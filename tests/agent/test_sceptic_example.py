@@ -76,7 +76,9 @@ def test_sceptic_example_end_to_end(backend: str, short_tmp: Path) -> None:
     for item in range(3):
         meta = run / "challenge" / str(item) / "meta" / "attempts" / "1"
         transcript = [json.loads(line) for line in (meta / "transcript.jsonl").read_text().splitlines()]
-        assert len(transcript) == 2 and all(t["usage"]["input_tokens"] for t in transcript)
+        calls_ = [t for t in transcript if t["event"] == "model_call"]
+        assert len(calls_) == 2 and all(t["usage"]["input_tokens"] for t in calls_)
+        assert transcript[-1]["event"] == "finish" and transcript[-1]["result"].startswith(("HOLDS", "REFUTED"))
         assert (run / "analyse" / str(item) / "work" / "out" / "notes.md").is_file()
     for p in root.rglob("*"):
         if p.is_file() and not p.is_symlink():

@@ -129,7 +129,9 @@ class Broker:
             if route == "/write/done":
                 return self._done(payload)
             if route == "/finish":
-                self.state.finished = payload
+                if self.state.finished is None:
+                    self.state.finished = payload
+                    self._rec.append("transcript.jsonl", {"event": "finish", **{k: payload.get(k) for k in ("ok", "result", "message", "turns")}})
                 return {"ok": True}
             return {"ok": False, "error": f"unknown route {route}"}
 

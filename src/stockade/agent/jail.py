@@ -144,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m stockade.agent.jail CONFIG", file=sys.stderr)
         return 2
     config = json.loads(Path(args[0]).read_text())
-    fin = run(config, Path.cwd())
+    try:
+        fin = run(config, Path.cwd())
+    except OSError as e:
+        print(f"agent: lost the model broker at {config['socket']}: {e}", file=sys.stderr, flush=True)
+        return 3
     if fin.ok:
         print(fin.result, flush=True)
         return 0
