@@ -32,15 +32,17 @@ COMMAND = 'echo "$STOCKADE_ITEM" > out/x.txt'
 def workflow(n: int, first_marker: Path | None = None) -> str:
     mark = ""
     if first_marker is not None:
-        mark = f'[ "$STOCKADE_ITEM" = 0 ] && date +%s.%N > {first_marker}; '
+        mark = f"date +%s.%N > {first_marker}"
     return f"""name: bench
 steps:
   - id: gather
-    run: seq 0 {n - 1} | awk 'BEGIN {{ printf "[" }} {{ printf "%s%s", (NR > 1 ? "," : ""), $0 }} END {{ print "]" }}' > out/items.json
+    run: |
+      {mark}
+      seq 0 {n - 1} | awk 'BEGIN {{ printf "[" }} {{ printf "%s%s", (NR > 1 ? "," : ""), $0 }} END {{ print "]" }}' > out/items.json
   - id: fan
     needs: [gather]
     for_each: "{{{{ steps.gather.outputs['items.json'] | from_json }}}}"
-    run: '{mark}{COMMAND}'
+    run: '{COMMAND}'
 """
 
 
@@ -70,13 +72,15 @@ def run_stockade(tmp: Path, n: int, sandbox: str, jobs: int, first: bool = False
 
 
 def run_xargs(tmp: Path, n: int) -> float:
+    """The anchor: the same command, one fresh directory per item, two at a time."""
     base = tmp / "xargs"
     base.mkdir(exist_ok=True)
-    script = f'mkdir -p "$0/work/out" && cd "$0/work" && STOCKADE_ITEM="$0" sh -c \'{COMMAND}\''
+    item = tmp / "item.sh"
+    item.write_text('mkdir -p "$1/work/out" && cd "$1/work" && STOCKADE_ITEM="$1" exec sh -c "$2"\n')
     t0 = time.time()
     subprocess.run(
-        f"seq 0 {n - 1} | (cd {base} && xargs -P2 -I{{}} sh -c '{script}' {{}})",
-        shell=True, check=True,
+        ["sh", "-c", f'seq 0 {n - 1} | xargs -P2 -I{{}} sh {item} {base}/{{}} "$0"', COMMAND],
+        check=True,
     )
     wall = time.time() - t0
     shutil.rmtree(base, ignore_errors=True)

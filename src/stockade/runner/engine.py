@@ -13,7 +13,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,7 +26,7 @@ from stockade.spec import Spec
 from stockade.spec.model import Step
 from stockade.store.base import ArtifactRecord, AttemptRecord, Event, ItemRecord, Store
 from stockade.workspace.artifacts import sha256_file, to_json_value
-from stockade.workspace.layout import RunDir, read_json, write_json
+from stockade.workspace.layout import ItemDir, RunDir, read_json, write_json
 
 #: How many item tasks may wait in the pool beyond the ones running.
 QUEUE_SLACK = 2
@@ -89,11 +89,7 @@ class Engine:
         self.views: dict[str, dict[str, Any]] = {}
         self.messages: list[str] = []
         self.verified: dict[tuple[str, int], ItemRecord] = {}
-        self.ac = replace(attempt_context, attempt_started=self._attempt_started)
-
-    def _attempt_started(self, step: str, index: int, attempt: int, at: float) -> None:
-        self.store.record_attempt(AttemptRecord(self.run.run_id, step, index, attempt, "running",
-                                                None, at, at, ""))
+        self.ac = attempt_context
 
     # -- context -------------------------------------------------------------
 
@@ -286,11 +282,7 @@ class Engine:
         tctx = self.context(step, value, with_item=step.for_each is not None)
         outcome = AttemptOutcome("errored", 0)
         if self.resume:
-            # Attempts a crashed engine left "running" never finished.
-            for a in self.store.attempts(self.run.run_id, step.id, index):
-                if a.outcome == "running":
-                    self.store.record_attempt(replace(a, outcome="lost",
-                                                      message="the engine stopped during this attempt"))
+            self._record_lost_attempts(step.id, index, idir)
         for _ in range(step.retries + 1):
             if step.publish is not None:
                 if self.publisher is None:
@@ -305,11 +297,29 @@ class Engine:
             if outcome.status in ("succeeded", "fenced") or not outcome.retryable \
                     or self.ac.cancelled.is_set():
                 break
+        # The completion file first, then the store (on the main thread):
+        # resume trusts only items on which both agree, so a crash between
+        # the two reruns the item.
+        idir.meta.mkdir(parents=True, exist_ok=True)
+        write_json(idir.completion, {
+            "run_id": self.run.run_id, "step": step.id, "item": index, "status": outcome.status,
+            "attempt": outcome.attempt,
+            "outputs": [{"name": o.name, "sha256": o.sha256, "size": o.size} for o in outcome.outputs],
+        })
         return outcome
+
+    def _record_lost_attempts(self, step: str, index: int, idir: ItemDir) -> None:
+        """Attempts on disk that a crashed engine never recorded as finished."""
+        known = {a.attempt for a in self.store.attempts(self.run.run_id, step, index)}
+        for n in range(1, idir.last_attempt() + 1):
+            if n not in known and idir.attempt_dir(n).exists():
+                at = self.ac.clock()
+                self.store.record_attempt(AttemptRecord(
+                    self.run.run_id, step, index, n, "lost", None, at, at,
+                    "the engine stopped during this attempt"))
 
     def _record(self, step: Step, index: int, value: Any, outcome: AttemptOutcome) -> None:
         st = self.states[step.id]
-        idir = self.run.item(step.id, index)
         arts = [ArtifactRecord(self.run.run_id, step.id, index, outcome.attempt, o.name, o.sha256, o.size)
                 for o in outcome.outputs]
         rec = ItemRecord(
@@ -317,14 +327,6 @@ class Engine:
             result=outcome.result, value=to_json_value(value), message=outcome.message,
             started_at=outcome.started_at, ended_at=outcome.ended_at, outputs=tuple(arts),
         )
-        # The completion file first, then the store: resume trusts only items
-        # on which both agree, so a crash between the two reruns the item.
-        idir.meta.mkdir(parents=True, exist_ok=True)
-        write_json(idir.completion, {
-            "run_id": self.run.run_id, "step": step.id, "item": index, "status": outcome.status,
-            "attempt": outcome.attempt,
-            "outputs": [{"name": a.name, "sha256": a.sha256, "size": a.size} for a in arts],
-        })
         self.store.complete_item(rec, arts)
         st.results[index] = ItemResult(index, outcome.status, value, outcome.result,
                                        artifacts_of(rec, self.run.path, self.run.run_id))

@@ -64,9 +64,6 @@ class AttemptContext:
     cancelled: threading.Event
     running: dict[tuple[str, int], Running]
     running_lock: threading.Lock
-    #: Called as (step, item, attempt, started_at) before anything runs, so a
-    #: crash mid-attempt still leaves the attempt on record.
-    attempt_started: Callable[[str, int, int, float], None] = lambda *a: None
 
 
 def parse_size(value: int | str | None) -> int | None:
@@ -129,7 +126,6 @@ def run_attempt(
     n = idir.begin_attempt()
     adir = idir.attempt_dir(n)
     started = ac.clock()
-    ac.attempt_started(step.id, index, n, started)
     outcome = AttemptOutcome("errored", n, started_at=started)
     masker = Masker(ac.host_env[s] for s in step.secrets if s in ac.host_env)
     inputs: list[Materialised] = []

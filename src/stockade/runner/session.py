@@ -304,21 +304,21 @@ def _execute(
     return RunResult(run.run_id, run.path, summary, choice)
 
 
-def _publisher(manifest: dict[str, Any], opts: RunOptions, base: Path) -> Callable[..., Any] | None:
-    try:
+def _publisher(manifest: dict[str, Any], opts: RunOptions, base: Path) -> Callable[..., Any]:
+    def publish_item(*args: Any) -> Any:
+        # Imported on first use: sinks pull in database drivers a shell-only run never needs.
         from stockade.runner.publishing import make_publisher
-    except ImportError:
-        return None
-    return make_publisher(manifest, opts.allow_stale, base)
+
+        return make_publisher(manifest, opts.allow_stale, base)(*args)
+
+    return publish_item
 
 
-def _agent_factory() -> Callable[..., Any] | None:
-    try:
+def _agent_factory() -> Callable[..., Any]:
+    def run_agent(*args: Any) -> Any:
+        # Imported on first use: the broker pulls in httpx.
         from stockade.runner.agents import run_agent_attempt
-    except ImportError:
-        return None
-    return run_agent_attempt
 
+        return run_agent_attempt(*args)
 
-def ensure_infra(exc: Exception) -> InfraError:
-    return InfraError(str(exc))
+    return run_agent
