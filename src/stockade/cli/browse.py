@@ -14,15 +14,16 @@ from typing import Any
 
 import click
 
-from stockade.cli.main import friendly, json_option, root_option, _root
+from stockade.cli.main import _root, friendly, json_option, root_option
 from stockade.errors import UserError
 from stockade.store.base import ItemRecord, Store
 from stockade.workspace.layout import RunDir, read_json
 
 
 def _store(root: Path) -> Store:
-    from stockade.runner.session import open_run_store
     import os
+
+    from stockade.runner.session import open_run_store
 
     if not (root / "stockade.db").exists() and not os.environ.get("STOCKADE_STORE"):
         raise UserError(f"no runs under {root} (set --root or $STOCKADE_HOME)")

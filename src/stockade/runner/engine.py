@@ -9,7 +9,7 @@ Must not import the CLI.
 
 from __future__ import annotations
 
-import threading
+import contextlib
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -172,10 +172,8 @@ class Engine:
             self.cancel()
             for fut in list(inflight):
                 step, index, value = inflight.pop(fut)
-                try:
+                with contextlib.suppress(KeyboardInterrupt):
                     self._record(step, index, value, fut.result())
-                except KeyboardInterrupt:
-                    pass
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
         return self._summary(interrupted)

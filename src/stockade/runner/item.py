@@ -17,7 +17,7 @@ from stockade.errors import InfraError, StaleOutput, TamperedArtifact, UserError
 from stockade.expr import RenderError, compile_template, render, render_value
 from stockade.runner.env import Masker, build_env
 from stockade.sandbox.base import Backend, Running
-from stockade.sandbox.policy import ExtraMount, Policy, Resources
+from stockade.sandbox.policy import ExtraMount, NetworkMode, Policy, Resources
 from stockade.spec.model import Step
 from stockade.workspace.artifacts import (
     Materialised,
@@ -185,7 +185,7 @@ def backend_name(ac: AttemptContext, step: Step) -> str:
     return ac.backend.name if step.isolate else ac.none_backend.name
 
 
-def network_mode(step: Step) -> str:
+def network_mode(step: Step) -> NetworkMode:
     if step.network == "open":
         return "open"
     if isinstance(step.network, list):

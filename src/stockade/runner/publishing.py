@@ -32,7 +32,7 @@ def make_publisher(manifest: Mapping[str, Any], allow_stale: bool, base: Path) -
         assert cfg is not None
         n = idir.begin_attempt()
         started = ac.clock()
-            try:
+        try:
             fns = ac.functions
             to = str(render(compile_template(cfg.to), tctx, functions=fns))
             key = str(render(compile_template(cfg.key), tctx, functions=fns))

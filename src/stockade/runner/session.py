@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade import __version__
-from stockade.errors import InfraError, UserError
+from stockade.errors import UserError
 from stockade.plan import build_plan
 from stockade.runner.engine import Engine, Reporter, RunSummary
 from stockade.runner.item import AttemptContext

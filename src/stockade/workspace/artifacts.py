@@ -13,6 +13,7 @@ Must not import the runner, the sandbox or the CLI.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -93,10 +94,8 @@ class Artifact:
         out: dict[str, Any] = {"$artifact": self.ref()}
         if self.size <= 1 << 20:
             data = self.read_bytes()
-            try:
+            with contextlib.suppress(UnicodeDecodeError):
                 out["text"] = data.decode("utf-8")
-            except UnicodeDecodeError:
-                pass
         return out
 
 
