@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pgcluster  # noqa: E402
+import pgcluster
 
 
 @pytest.fixture(scope="session")
