@@ -37,7 +37,7 @@ def _handler(store_factory: Callable[[], Store]) -> type[BaseHTTPRequestHandler]
     class Handler(BaseHTTPRequestHandler):
         server_version = "stockade-ui"
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib name
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
         def _send(self, status: int, body: bytes, kind: str) -> None:
