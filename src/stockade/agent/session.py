@@ -73,7 +73,7 @@ def jail_launch(config_path: Path, socket_path: Path) -> AgentLaunch:
     return AgentLaunch(
         argv=(exe, "-I", "-S", "-B", "-c", _BOOT, str(pkg.parent), str(config_path)),
         mounts=tuple(mounts),
-        env={"PYTHONUNBUFFERED": "1"},
+        env={},  # -I ignores PYTHON* variables anyway; nothing of the host is needed
     )
 
 
