@@ -41,12 +41,22 @@ def ask_on_tty(path: str) -> bool:
     """Ask the operator on the controlling terminal; anything but y/yes is no."""
     with _TTY_LOCK:
         try:
-            with open("/dev/tty", "r+", encoding="utf-8") as tty:
-                tty.write(f"Allow the agent to write {path}? [y/N] ")
-                tty.flush()
-                return tty.readline().strip().lower() in ("y", "yes")
+            fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
         except OSError:
             return False
+        try:
+            os.write(fd, f"Allow the agent to write {path}? [y/N] ".encode())
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = os.read(fd, 256)
+                if not chunk:
+                    break
+                line += chunk
+            return line.decode(errors="replace").strip().lower() in ("y", "yes")
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
 
 
 def _interpreter() -> tuple[str, tuple[Path, ...]]:
