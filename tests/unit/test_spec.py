@@ -252,3 +252,33 @@ def test_json_schema_rejects_what_the_loader_rejects(instance: dict[str, Any], f
     schema = json_schema()
     errors = _validate(instance, schema, schema)
     assert any(fragment in e for e in errors), errors
+
+
+_TOKENS = [b"{{", b"}}", b"[", b"]", b"{", b"}", b":", b"-", b"\n", b"  ", b"\t", b"'", b'"',
+           b"&a", b"*a", b"!!", b"needs: [x]", b"id: ", b"item", b"steps.", b"vars.", b"~", b"|",
+           b"#", b"\xff", b"\x00", b"null", b"-1", b"keep: ", b"for_each: ", b"{%"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mutated_workflows_never_raise_anything_but_user_error(seed: int) -> None:
+    import random
+
+    rnd = random.Random(seed)
+    base = DESIGN_EXAMPLE.encode()
+    for _ in range(60):
+        data = bytearray(base)
+        for _ in range(rnd.randint(1, 4)):
+            pos = rnd.randrange(len(data) + 1)
+            op = rnd.random()
+            if op < 0.4:
+                data[pos:pos] = rnd.choice(_TOKENS)
+            elif op < 0.7:
+                del data[pos:pos + rnd.randint(1, 20)]
+            else:
+                j = rnd.randrange(len(data) + 1)
+                data[pos:pos] = data[j:j + rnd.randint(1, 40)]
+        try:
+            load_workflow(bytes(data), "f.yaml")
+        except UserError as exc:
+            assert exc.problems
+            assert all(p.line >= 1 and p.col >= 1 and p.message for p in exc.problems)
