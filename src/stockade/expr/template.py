@@ -3,8 +3,8 @@
 A template is literal text with ``{{ expression }}`` holes; ``{% %}`` and
 ``{# #}`` are refused. Each hole is compiled separately so a whole-value
 template returns its native value and a text template can quote each hole
-for the shell. Imports nothing of stockade but ``stockade.errors`` (through
-nothing) and this package.
+for the shell. Imports nothing of stockade but ``stockade.errors`` and this
+package.
 """
 
 from __future__ import annotations
