@@ -1,0 +1,167 @@
+"""Real jails for the escape suite: a realistic run tree with canaries around it.
+
+Every file outside the item's world holds the canary and is world-readable,
+every directory outside it is world-writable: nothing but the sandbox may be
+what stops an attempt (the jail may run as ``nobody`` when tests run as root).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from stockade.sandbox import Backend, ExtraMount, Policy, Resources, get_backend
+from stockade.sandbox.policy import NetworkMode
+
+ENFORCED = ("bwrap", "landlock")
+ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TERM": "dumb", "SHELL": "/bin/sh"}
+
+
+@dataclass
+class Result:
+    status: int | None
+    out: str
+    err: str
+
+    @property
+    def both(self) -> str:
+        return self.out + self.err
+
+
+@dataclass
+class World:
+    backend: Backend
+    canary: str
+    base: Path
+    runs: Path
+    item: Path
+    work: Path
+    meta: Path
+    neighbour: Path
+    workflow: Path
+    host_tmp: Path
+    home_file: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def policy(
+        self,
+        argv: Sequence[str],
+        *,
+        network: NetworkMode = "none",
+        proxy_socket: Path | None = None,
+        resources: Resources | None = None,
+        mounts: tuple[ExtraMount, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> Policy:
+        return Policy(
+            argv=tuple(argv),
+            work_dir=self.work,
+            scratch_dir=self.base / "scratch",
+            env={**ENV, **self.extra_env, **(env or {})},
+            mounts=mounts,
+            network=network,
+            proxy_socket=proxy_socket,
+            resources=resources or Resources(),
+        )
+
+    def run(self, script: str, *args: str, timeout: float = 30, **kw: object) -> Result:
+        return self.run_argv(["/bin/sh", "-c", script, "sh", *args], timeout=timeout, **kw)
+
+    def run_argv(self, argv: Sequence[str], *, timeout: float = 30, **kw: object) -> Result:
+        policy = self.policy(argv, **kw)  # type: ignore[arg-type]
+        out_path, err_path = self.meta / "stdout", self.meta / "stderr"
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            running = self.backend.start(policy, stdout=out, stderr=err)
+            status = running.wait(timeout)
+            if status is None:
+                running.kill(0.5)
+                status = running.wait(5)
+        return Result(
+            status,
+            out_path.read_text(errors="replace"),
+            err_path.read_text(errors="replace"),
+        )
+
+    def py(self, code: str, *args: str, **kw: object) -> Result:
+        return self.run_argv(["/usr/bin/python3", "-I", "-S", "-c", code, *args], **kw)
+
+
+def _open_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o777)
+
+
+def _canary_file(path: Path, canary: str, *, own_parent: bool = True) -> None:
+    if own_parent:
+        _open_dir(path.parent)
+    path.write_text(f"{canary}\n")
+    path.chmod(0o666)
+
+
+def make_world(backend: Backend, base: Path) -> World:
+    canary = f"CANARY-{secrets.token_hex(12)}"
+    base.chmod(0o755)
+    runs = base / "runs"
+    item = runs / "r1" / "analyse" / "0"
+    work, meta = item / "work", item / "meta"
+    for d in (runs, runs / "r1", runs / "r1" / "analyse", item, work, work / "out", meta):
+        _open_dir(d)
+    (work / "input.txt").write_text("my own input\n")
+    _canary_file(meta / "attempt-1.json", canary)
+    neighbour = runs / "r1" / "analyse" / "1"
+    _canary_file(neighbour / "work" / "notes.md", canary)
+    _canary_file(runs / "r1" / "gather" / "0" / "work" / "out" / "x", canary)
+    workflow = base / "wf"
+    _canary_file(workflow / "analysis_notes.md", canary)
+    # Never chmod /tmp itself (it keeps its sticky bit).
+    host_tmp = Path("/tmp") / f"stockade-canary-{secrets.token_hex(6)}"
+    _canary_file(host_tmp, canary, own_parent=False)
+    # The engine's HOME: a world-readable stand-in (the real one may be 0700,
+    # which would hide it by permissions rather than by the sandbox).
+    home_file = base / "hosthome" / f".stockade-canary-{secrets.token_hex(6)}"
+    _canary_file(home_file, canary)
+    return World(
+        backend, canary, base, runs, item, work, meta, neighbour, workflow, host_tmp, home_file
+    )
+
+
+@pytest.fixture(params=ENFORCED)
+def backend(request: pytest.FixtureRequest) -> Backend:
+    b = get_backend(request.param)
+    avail = b.availability()
+    if not avail.available:
+        pytest.skip(f"{request.param} is not available here: {avail.reason}")
+    return b
+
+
+@pytest.fixture
+def world(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    base = Path(tempfile.mkdtemp(prefix="stockade-escape-"))
+    w = make_world(backend, base)
+    monkeypatch.setenv("HOME", str(w.home_file.parent))
+    try:
+        yield w
+    finally:
+        for p in (w.host_tmp, w.home_file):
+            p.unlink(missing_ok=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def none_world(monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    base = Path(tempfile.mkdtemp(prefix="stockade-control-"))
+    w = make_world(get_backend("none"), base)
+    monkeypatch.setenv("HOME", str(w.home_file.parent))
+    try:
+        yield w
+    finally:
+        for p in (w.host_tmp, w.home_file):
+            p.unlink(missing_ok=True)
+        shutil.rmtree(base, ignore_errors=True)
