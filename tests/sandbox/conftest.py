@@ -7,7 +7,6 @@ what stops an attempt (the jail may run as ``nobody`` when tests run as root).
 
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
 import tempfile

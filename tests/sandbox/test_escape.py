@@ -431,8 +431,8 @@ def test_setuid_binary_gains_nothing(world: World) -> None:
 
 def test_links_to_host_files_do_not_copy_them(world: World) -> None:
     r = world.run(
-        "ln /etc/passwd out/hard; ln {h} out/hard2; ln -s {h} out/soft; "
-        "cat out/soft; cat out/hard2; echo end".format(h=world.host_tmp)
+        f"ln /etc/passwd out/hard; ln {world.host_tmp} out/hard2; ln -s {world.host_tmp} out/soft; "
+        "cat out/soft; cat out/hard2; echo end"
     )
     assert "end" in r.out
     no_canary(world, r.out)
