@@ -1,0 +1,195 @@
+"""Resources (rlimits inside the jail) and network modes, in real jails.
+
+The network tests run real HTTP servers on the host loopback and the real
+egress proxy: an allowlisted host is reachable from the jail through the
+proxy, another is refused, and both are logged.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stockade.sandbox import EgressProxy, Resources
+from tests.sandbox.conftest import World
+
+pytestmark = pytest.mark.sandbox
+
+MiB = 1024 * 1024
+
+
+def test_memory_hog_is_stopped(world: World) -> None:
+    r = world.py(
+        "import sys\ntry:\n    b = bytearray(1 << 30)\n    print('allocated')\n"
+        "except MemoryError:\n    print('refused')\n    sys.exit(3)\n",
+        resources=Resources(memory_bytes=256 * MiB),
+    )
+    assert "allocated" not in r.out
+    assert r.status == 3, r.both
+
+
+def test_fork_bomb_is_contained(world: World) -> None:
+    r = world.py(
+        "import os, time\n"
+        "n = 0\n"
+        "pids = []\n"
+        "while n < 500:\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError as e:\n"
+        "        print('refused', e.errno)\n"
+        "        break\n"
+        "    if pid == 0:\n"
+        "        time.sleep(3)\n"
+        "        os._exit(0)\n"
+        "    n += 1\n"
+        "print('forked', n)\n",
+        resources=Resources(processes=20),
+        timeout=30,
+    )
+    forked = int(r.out.split("forked")[1].split()[0])
+    assert "refused" in r.out, r.both
+    assert forked < 25, r.out
+
+
+def test_big_file_write_fails(world: World) -> None:
+    r = world.run(
+        "head -c 5000000 /dev/zero > big; echo rc=$?",
+        resources=Resources(file_size_bytes=1 * MiB),
+    )
+    assert "rc=0" not in r.out
+    assert (world.work / "big").stat().st_size <= 1 * MiB
+
+
+def test_cpu_limit_stops_a_busy_loop(world: World) -> None:
+    r = world.run("while :; do :; done", resources=Resources(cpu_seconds=1), timeout=20)
+    assert r.status is not None and r.status != 0
+
+
+def test_limits_leave_normal_work_alone(world: World) -> None:
+    r = world.run(
+        "echo hi > out/a && sh -c 'echo child' && ls out",
+        resources=Resources(
+            memory_bytes=512 * MiB, cpu_seconds=10, processes=50, file_size_bytes=MiB
+        ),
+    )
+    assert r.status == 0, r.both
+    assert "child" in r.out
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    body = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _server(body: bytes) -> tuple[http.server.ThreadingHTTPServer, int]:
+    handler = type("H", (_Handler,), {"body": body})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, srv.server_address[1]
+
+
+@pytest.fixture
+def servers(world: World) -> Iterator[tuple[int, int]]:
+    allowed, aport = _server(b"allowed-content\n")
+    refused, rport = _server(f"refused-{world.canary}\n".encode())
+    yield aport, rport
+    allowed.shutdown()
+    refused.shutdown()
+
+
+@pytest.fixture
+def proxy(world: World, servers: tuple[int, int]) -> Iterator[EgressProxy]:
+    sockdir = world.base / "proxy"
+    sockdir.mkdir()
+    p = EgressProxy([f"localhost:{servers[0]}"], world.meta / "egress.jsonl", sockdir)
+    p.start()
+    yield p
+    p.close()
+
+
+def _log(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_proxy_allows_only_the_allowlist(
+    world: World, servers: tuple[int, int], proxy: EgressProxy
+) -> None:
+    aport, rport = servers
+    r = world.run(
+        "curl -sS --max-time 5 http://localhost:$1/; echo curl=$?; "
+        "curl -sS --max-time 5 http://localhost:$2/; echo curl=$?; "
+        "curl -sS --max-time 5 -p http://localhost:$1/tunnel; echo curl=$?",
+        str(aport),
+        str(rport),
+        network="proxy",
+        proxy_socket=proxy.socket_path,
+    )
+    assert r.out.count("allowed-content") == 2, r.both
+    assert world.canary not in r.both
+    log = _log(world.meta / "egress.jsonl")
+    allowed = [e for e in log if e["allowed"]]
+    refused = [e for e in log if not e["allowed"]]
+    assert {e["port"] for e in allowed} == {aport}
+    assert {(e["host"], e["port"]) for e in refused} == {("localhost", rport)}
+    assert {e["method"] for e in allowed} == {"GET", "CONNECT"}
+
+
+def test_proxy_works_with_python_urllib(
+    world: World, servers: tuple[int, int], proxy: EgressProxy
+) -> None:
+    aport, rport = servers
+    r = world.py(
+        "import sys, urllib.request\n"
+        "for port in sys.argv[1:]:\n"
+        "    try:\n"
+        "        print(urllib.request.urlopen(f'http://localhost:{port}/', timeout=5).read().decode())\n"
+        "    except Exception as e:\n"
+        "        print('failed', e)\n",
+        str(aport),
+        str(rport),
+        network="proxy",
+        proxy_socket=proxy.socket_path,
+    )
+    assert "allowed-content" in r.out, r.both
+    assert "failed" in r.out and world.canary not in r.both
+
+
+def test_proxy_mode_has_no_direct_route(
+    world: World, servers: tuple[int, int], proxy: EgressProxy
+) -> None:
+    aport, _ = servers
+    r = world.run(
+        "curl -sS --noproxy '*' --max-time 3 http://127.0.0.1:$1/; echo curl=$?",
+        str(aport),
+        network="proxy",
+        proxy_socket=proxy.socket_path,
+    )
+    assert "allowed-content" not in r.out
+    assert "curl=0" not in r.out
+
+
+def test_network_open_shares_the_host_network(world: World, servers: tuple[int, int]) -> None:
+    aport, _ = servers
+    r = world.run("curl -sS --max-time 5 http://127.0.0.1:$1/", str(aport), network="open")
+    assert "allowed-content" in r.out, r.both
+
+
+def test_network_none_reaches_nothing(world: World, servers: tuple[int, int]) -> None:
+    aport, _ = servers
+    r = world.run("curl -sS --max-time 3 http://127.0.0.1:$1/; echo curl=$?", str(aport))
+    assert "allowed-content" not in r.out
+    assert "curl=0" not in r.out
