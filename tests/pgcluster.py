@@ -78,13 +78,14 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster(*, durable: bool = False) -> Iterator[Cluster]:
-    """Start a cluster; ``durable=False`` turns fsync off to keep tests fast."""
+def cluster(*, durable: bool = False, parent: str | None = None) -> Iterator[Cluster]:
+    """Start a cluster; ``durable=False`` turns fsync off to keep tests fast. ``parent``
+    picks the folder for its files (benchmarks want a real disk, not tmpfs)."""
     bindir = find_bin()
     if bindir is None:
         raise FileNotFoundError(f"PostgreSQL server binaries not found (apt-get install {APT_PACKAGE})")
     # Not under pytest's tmp_path: its parents are root-only and the server user must traverse.
-    base = Path(tempfile.mkdtemp(prefix="stockade-pg-"))
+    base = Path(tempfile.mkdtemp(prefix="stockade-pg-", dir=parent))
     data, sock = base / "data", base / "sock"
     sock.mkdir()
     runas = _as_user()

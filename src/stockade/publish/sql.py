@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -194,6 +195,13 @@ class SQLiteSink(_SqlSink):
 #: Arbitrary constant: serialises concurrent CREATE TABLE IF NOT EXISTS.
 _DDL_LOCK = 0x5707CAFE
 
+# Connections kept between publishes of one process: a PostgreSQL connection is
+# a forked server process, far dearer than the fenced write itself.
+_idle: dict[str, list[psycopg.Connection[tuple[Any, ...]]]] = {}
+_ensured: set[tuple[str, str]] = set()
+_pool_lock = threading.Lock()
+_POOL_SIZE = 4
+
 
 class PostgresSink(_SqlSink):
     """A table in PostgreSQL; the fence row is locked (``FOR UPDATE``) for the write."""
@@ -214,12 +222,20 @@ class PostgresSink(_SqlSink):
     def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
         if self._conn is not None and not self._conn.closed:
             return self._conn
+        with _pool_lock:
+            idle = _idle.get(self.conninfo, [])
+            conn = idle.pop() if idle else None
+            ensured = (self.conninfo, self.table) in _ensured
         try:
-            conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10)
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
-                for stmt in _schema(self.table, pg=True):
-                    conn.execute(stmt)
+            if conn is None or conn.closed:
+                conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10)
+            if not ensured:
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
+                    for stmt in _schema(self.table, pg=True):
+                        conn.execute(stmt)
+                with _pool_lock:
+                    _ensured.add((self.conninfo, self.table))
         except psycopg.OperationalError as exc:
             raise InfraError(
                 f"cannot reach the PostgreSQL sink {self.name}: {str(exc).strip()}"
@@ -242,6 +258,9 @@ class PostgresSink(_SqlSink):
             conn.close()
             return WriteResult("failed", w.token, message=f"PostgreSQL sink {self.name}: {exc}")
         except psycopg.Error as exc:
+            if isinstance(exc, psycopg.errors.UndefinedTable):
+                with _pool_lock:
+                    _ensured.discard((self.conninfo, self.table))
             return WriteResult("failed", w.token, message=f"PostgreSQL sink {self.name}: {exc}")
         return result
 
@@ -253,6 +272,13 @@ class PostgresSink(_SqlSink):
         return None if row is None else WriteResult("already", int(row[0]), message="already applied")
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        conn, self._conn = self._conn, None
+        if conn is None or conn.closed:
+            return
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            with _pool_lock:
+                idle = _idle.setdefault(self.conninfo, [])
+                if len(idle) < _POOL_SIZE:
+                    idle.append(conn)
+                    return
+        conn.close()
