@@ -1,0 +1,216 @@
+"""Pure launch builders compared exactly: bwrap argv, landlock request, SBPL profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stockade.errors import InfraError
+from stockade.sandbox import ExtraMount, Policy, Resources
+from stockade.sandbox.bwrap import HostLayout, bwrap_argv, jail_env, rlimit_prefix
+from stockade.sandbox.landlock import landlock_request
+from stockade.sandbox.macos import sbpl_profile, sbpl_quote, ulimit_prefix
+
+LAYOUT = HostLayout(
+    symlinks={"/bin": "usr/bin", "/lib": "usr/lib", "/lib64": "usr/lib64", "/sbin": "usr/sbin"},
+    dirs=("/usr",),
+    etc=("/etc/ld.so.cache", "/etc/passwd"),
+    prlimit="/usr/bin/prlimit",
+    python="/usr/bin/python3",
+    resolv_conf="/run/resolvconf/resolv.conf",
+)
+WORK = Path("/runs/r1/s/0/work")
+SCRATCH = Path("/runs/.scratch/r1-s-0")
+SECRET = "sk-live-0123456789"
+
+
+def policy(**kw: object) -> Policy:
+    base: dict[str, object] = {
+        "argv": ("/bin/sh", "-c", "echo hi"),
+        "work_dir": WORK,
+        "scratch_dir": SCRATCH,
+        "env": {"PATH": "/usr/bin:/bin", "API_KEY": SECRET},
+    }
+    base.update(kw)
+    return Policy(**base)  # type: ignore[arg-type]
+
+
+HEAD = [
+    "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+    "--new-session", "--cap-drop", "ALL", "--hostname", "stockade",
+]  # fmt: skip
+SYSTEM = [
+    "--ro-bind", "/usr", "/usr",
+    "--symlink", "usr/bin", "/bin",
+    "--symlink", "usr/lib", "/lib",
+    "--symlink", "usr/lib64", "/lib64",
+    "--symlink", "usr/sbin", "/sbin",
+    "--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache",
+    "--ro-bind", "/etc/passwd", "/etc/passwd",
+]  # fmt: skip
+FRESH = ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/home/stockade"]
+WORKB = ["--bind", str(WORK), str(WORK), "--chdir", str(WORK), "--seccomp", "5", "--"]
+
+ARGV_CASES = [
+    ("default", policy(), {}, [*HEAD, *SYSTEM, *FRESH, *WORKB, "/bin/sh", "-c", "echo hi"]),
+    (
+        "open network and a read-only mount",
+        policy(
+            network="open",
+            mounts=(ExtraMount(Path("/opt/py"), "/opt/py"), ExtraMount(Path("/s"), "/b", True)),
+        ),
+        {},
+        [
+            *HEAD[:3], "--share-net", *HEAD[3:], *SYSTEM,
+            "--ro-bind", "/run/resolvconf/resolv.conf", "/etc/resolv.conf",
+            *FRESH,
+            "--ro-bind", "/opt/py", "/opt/py", "--bind", "/s", "/b",
+            *WORKB, "/bin/sh", "-c", "echo hi",
+        ],
+    ),
+    (
+        "resources and work bound by fd",
+        policy(resources=Resources(memory_bytes=1 << 28, cpu_seconds=9, processes=64,
+                                   file_size_bytes=1 << 20)),
+        {str(WORK): 7},
+        [
+            *HEAD, *SYSTEM, *FRESH,
+            "--bind-fd", "7", str(WORK), "--chdir", str(WORK), "--seccomp", "5", "--",
+            "/usr/bin/prlimit", "--as=268435456", "--cpu=9", "--nproc=64", "--fsize=1048576",
+            "--core=0", "--",
+            "/bin/sh", "-c", "echo hi",
+        ],
+    ),
+    (
+        "proxy",
+        policy(network="proxy", proxy_socket=Path("/run/x/egress.sock")),
+        {},
+        [
+            *HEAD, *SYSTEM, *FRESH,
+            "--ro-bind", "/src/_relay.py", "/.stockade/relay.py",
+            "--ro-bind", "/run/x/egress.sock", "/.stockade/proxy.sock",
+            *WORKB,
+            "/usr/bin/python3", "-I", "-S", "/.stockade/relay.py", "/.stockade/proxy.sock",
+            "3128", "--",
+            "/bin/sh", "-c", "echo hi",
+        ],
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "pol", "fds", "expected"), ARGV_CASES, ids=[c[0] for c in ARGV_CASES]
+)
+def test_bwrap_argv_exact(name: str, pol: Policy, fds: dict[str, int], expected: list[str]) -> None:
+    argv = bwrap_argv(pol, LAYOUT, seccomp_fd=5, relay_script="/src/_relay.py", path_fds=fds)
+    assert argv == expected
+    assert not any(SECRET in a for a in argv)
+
+
+@pytest.mark.parametrize("forbidden", ["/etc/shadow", "/run", "/root", "/home", "/var"])
+def test_bwrap_never_binds_sensitive_host_paths(forbidden: str) -> None:
+    for _, pol, fds, _ in ARGV_CASES:
+        argv = bwrap_argv(pol, LAYOUT, seccomp_fd=5, relay_script="/src/_relay.py", path_fds=fds)
+        sources = [argv[i + 1] for i, a in enumerate(argv) if a in ("--bind", "--ro-bind")]
+        assert not any(s == forbidden or s.startswith(forbidden + "/") for s in sources
+                       if not s.startswith("/run/resolvconf") and not s.startswith("/run/x")
+                       and not s.startswith("/runs/"))  # fmt: skip
+
+
+def test_jail_env_sets_home_tmpdir_and_proxy() -> None:
+    env = jail_env(policy(network="proxy", proxy_socket=Path("/p.sock")))
+    assert env["HOME"] == "/home/stockade" and env["TMPDIR"] == "/tmp"
+    assert env["API_KEY"] == SECRET
+    for name in ("HTTP_PROXY", "https_proxy", "ALL_PROXY"):
+        assert env[name] == "http://127.0.0.1:3128"
+
+
+def test_proxy_without_socket_is_refused() -> None:
+    with pytest.raises(InfraError):
+        bwrap_argv(policy(network="proxy"), LAYOUT, seccomp_fd=5, relay_script="/r.py")
+
+
+def test_resources_without_prlimit_name_the_package() -> None:
+    with pytest.raises(InfraError, match="util-linux"):
+        rlimit_prefix(Resources(processes=3), None)
+    assert rlimit_prefix(Resources(), None) == []
+
+
+def test_landlock_request() -> None:
+    req = landlock_request(
+        policy(mounts=(ExtraMount(Path("/opt/py"), "/opt/py"),), resources=Resources(processes=9)),
+        abi=6,
+        layout=LAYOUT,
+        uid=65534,
+        gid=65534,
+    )
+    assert req["argv"] == ["/bin/sh", "-c", "echo hi"]
+    assert req["cwd"] == str(WORK)
+    assert req["env"]["HOME"] == f"{SCRATCH}/home" and req["env"]["TMPDIR"] == f"{SCRATCH}/tmp"
+    assert req["read_write"] == [str(WORK), str(SCRATCH), "/dev/null", "/dev/zero", "/dev/full"]
+    assert req["read_only"] == [
+        "/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc/ld.so.cache", "/etc/passwd", "/proc",
+        "/dev/urandom", "/dev/random", "/opt/py",
+    ]  # fmt: skip
+    assert "/etc/shadow" not in req["read_only"]
+    assert req["handle_net"] is True and req["connect_ports"] == []
+    assert req["rlimits"] == {"as": None, "cpu": None, "nproc": 9, "fsize": None}
+    assert (req["uid"], req["gid"]) == (65534, 65534)
+
+
+@pytest.mark.parametrize(
+    ("network", "port", "handle", "ports"),
+    [("none", None, True, []), ("proxy", 4242, True, [4242]), ("open", None, False, [])],
+)
+def test_landlock_request_network(
+    network: str, port: int | None, handle: bool, ports: list[int]
+) -> None:
+    req = landlock_request(
+        policy(network=network, proxy_socket=Path("/p.sock")), abi=7, layout=LAYOUT,
+        relay_port=port,
+    )  # fmt: skip
+    assert req["handle_net"] is handle
+    assert req["connect_ports"] == ports
+    if network == "proxy":
+        assert req["env"]["HTTPS_PROXY"] == "http://127.0.0.1:4242"
+
+
+def test_sbpl_profile_content() -> None:
+    prof = sbpl_profile(policy(mounts=(ExtraMount(Path("/opt/py"), "/opt/py"),)))
+    lines = prof.splitlines()
+    assert lines[0] == "(version 1)"
+    assert lines[1] == "(deny default)"
+    assert (
+        f'(allow file-read* file-write* process-exec (subpath "{WORK}") (subpath "{SCRATCH}"))'
+        in lines
+    )
+    assert '(allow file-read* process-exec (subpath "/opt/py"))' in lines
+    assert "network" not in prof
+    assert "/private/etc/master.passwd" not in prof
+    assert SECRET not in prof
+    assert "(allow signal (target same-sandbox))" in lines
+
+
+@pytest.mark.parametrize(
+    ("network", "expected"),
+    [
+        ("open", "(allow network* system-socket)"),
+        ("proxy", '(allow network-outbound (remote tcp "localhost:3128"))'),
+    ],
+)
+def test_sbpl_network(network: str, expected: str) -> None:
+    assert expected in sbpl_profile(policy(network=network)).splitlines()
+
+
+def test_sbpl_quotes_paths() -> None:
+    assert sbpl_quote('/a "b"\\c') == '"/a \\"b\\"\\\\c"'
+    prof = sbpl_profile(policy(work_dir=Path('/x/"); (allow default) ("')))
+    assert "(allow default)" not in prof.replace('\\"); (allow default) (\\"', "")
+
+
+def test_ulimit_prefix() -> None:
+    assert ulimit_prefix(Resources()) == []
+    assert ulimit_prefix(Resources(memory_bytes=2048, file_size_bytes=1024)) == [
+        "/bin/sh", "-c", 'ulimit -v 2; ulimit -f 2; exec "$0" "$@"',
+    ]  # fmt: skip

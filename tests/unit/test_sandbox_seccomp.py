@@ -1,0 +1,164 @@
+"""The seccomp program, decoded and run through a small classic-BPF interpreter.
+
+The interpreter is written here from the BPF semantics, independently of the
+generator, so a wrong jump offset or syscall number shows up as a wrong verdict.
+"""
+
+from __future__ import annotations
+
+import errno
+import struct
+
+import pytest
+
+from stockade.sandbox import seccomp
+
+KILL = 0x80000000
+ALLOW = 0x7FFF0000
+EPERM = 0x00050000 | errno.EPERM
+EACCES = 0x00050000 | errno.EACCES
+ENOSYS = 0x00050000 | errno.ENOSYS
+ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+
+
+def run_bpf(program: bytes, nr: int, arch: int, args: tuple[int, ...] = ()) -> int:
+    args = tuple(args) + (0,) * (6 - len(args))
+    data = struct.pack("<iIQ6Q", nr, arch, 0, *args)
+    insns = [struct.unpack_from("<HBBI", program, i) for i in range(0, len(program), 8)]
+    a, pc = 0, 0
+    while True:
+        code, jt, jf, k = insns[pc]
+        if code == 0x20:  # ld w abs
+            a = struct.unpack_from("<I", data, k)[0]
+            pc += 1
+        elif code == 0x54:  # and k
+            a &= k
+            pc += 1
+        elif code == 0x15:  # jeq
+            pc += 1 + (jt if a == k else jf)
+        elif code == 0x35:  # jge
+            pc += 1 + (jt if a >= k else jf)
+        elif code == 0x45:  # jset
+            pc += 1 + (jt if a & k else jf)
+        elif code == 0x06:  # ret
+            return k
+        else:
+            raise AssertionError(f"unexpected opcode {code:#x}")
+
+
+ARCHES = ["x86_64", "aarch64"]
+
+
+DENIED_PAIRS = [
+    (arch, name) for arch in ARCHES for name in seccomp.DENIED if name in seccomp.SYSCALLS[arch]
+]
+
+
+@pytest.mark.parametrize(("arch", "name"), DENIED_PAIRS)
+def test_denied_syscalls_get_eperm(arch: str, name: str) -> None:
+    prog = seccomp.build_filter(arch)
+    assert run_bpf(prog, seccomp.SYSCALLS[arch][name], ARCH[arch]) == EPERM
+
+
+def test_only_x86_only_calls_are_missing_on_aarch64() -> None:
+    missing = {n for n in seccomp.DENIED if n not in seccomp.SYSCALLS["aarch64"]}
+    assert missing == {"iopl", "ioperm", "uselib"}
+    assert all(n in seccomp.SYSCALLS["x86_64"] for n in seccomp.DENIED)
+
+
+# Syscall numbers from the kernel's tables, written out independently.
+KNOWN = [
+    ("x86_64", "unshare", 272), ("x86_64", "setns", 308), ("x86_64", "mount", 165),
+    ("x86_64", "ptrace", 101), ("x86_64", "process_vm_readv", 310), ("x86_64", "keyctl", 250),
+    ("x86_64", "bpf", 321), ("x86_64", "perf_event_open", 298), ("x86_64", "userfaultfd", 323),
+    ("x86_64", "open_by_handle_at", 304), ("x86_64", "kexec_load", 246),
+    ("x86_64", "finit_module", 313), ("x86_64", "pivot_root", 155), ("x86_64", "umount2", 166),
+    ("aarch64", "unshare", 97), ("aarch64", "setns", 268), ("aarch64", "mount", 40),
+    ("aarch64", "ptrace", 117), ("aarch64", "process_vm_writev", 271),
+    ("aarch64", "keyctl", 219), ("aarch64", "bpf", 280), ("aarch64", "userfaultfd", 282),
+    ("aarch64", "perf_event_open", 241), ("aarch64", "open_by_handle_at", 265),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("arch", "name", "nr"), KNOWN)
+def test_syscall_numbers_match_the_kernel(arch: str, name: str, nr: int) -> None:
+    assert run_bpf(seccomp.build_filter(arch), nr, ARCH[arch]) == EPERM
+
+
+CASES = [
+    # (arch, syscall name or number, args, expected)
+    ("x86_64", 0, (), ALLOW),  # read
+    ("x86_64", 59, (), ALLOW),  # execve
+    ("x86_64", "clone", (0x01200011,), ALLOW),  # fork-like clone
+    ("x86_64", "clone", (0x10000000 | 0x11,), EPERM),  # CLONE_NEWUSER
+    ("x86_64", "clone", (0x00020000,), EPERM),  # CLONE_NEWNS
+    ("x86_64", "clone", (0x40000000,), EPERM),  # CLONE_NEWNET
+    ("x86_64", "clone", (0x00000080,), EPERM),  # CLONE_NEWTIME
+    ("x86_64", "clone3", (), ENOSYS),
+    ("x86_64", "ioctl", (1, 0x5412), EPERM),  # TIOCSTI
+    ("x86_64", "ioctl", (1, 0x541C), EPERM),  # TIOCLINUX
+    ("x86_64", "ioctl", (1, 0x5401), ALLOW),  # TCGETS
+    ("x86_64", "ioctl", (1, 0xFFFFFFFF00005412), EPERM),  # high bits ignored by the kernel
+    ("x86_64", 0x40000000 | 0, (), KILL),  # x32 ABI
+    ("aarch64", "clone", (0x10000000,), EPERM),
+    ("aarch64", "clone", (0x11,), ALLOW),
+    ("aarch64", "clone3", (), ENOSYS),
+    ("aarch64", "ioctl", (0, 0x5412), EPERM),
+    ("aarch64", 63, (), ALLOW),  # read
+    ("x86_64", "socket", (2, 1), ALLOW),  # default options leave sockets alone
+    ("x86_64", "setsid", (), ALLOW),
+]
+
+
+@pytest.mark.parametrize(("arch", "call", "args", "expected"), CASES)
+def test_verdicts(arch: str, call: str | int, args: tuple[int, ...], expected: int) -> None:
+    nr = seccomp.SYSCALLS[arch][call] if isinstance(call, str) else call
+    assert run_bpf(seccomp.build_filter(arch), nr, ARCH[arch], args) == expected
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("foreign", [0x40000003, 0xC000003E, 0xC00000B7, 0])  # i386, ...
+def test_foreign_arch_is_killed(arch: str, foreign: int) -> None:
+    if foreign == ARCH[arch]:
+        return
+    assert run_bpf(seccomp.build_filter(arch), 0, foreign) == KILL
+
+
+SOCKETS = [
+    # (options, family, type, expected)
+    (seccomp.FilterOptions(sockets="none"), 2, 1, EACCES),
+    (seccomp.FilterOptions(sockets="none"), 10, 2, EACCES),
+    (seccomp.FilterOptions(sockets="none"), 1, 1, EACCES),
+    (seccomp.FilterOptions(sockets="none"), 16, 3, ALLOW),  # netlink
+    (seccomp.FilterOptions(sockets="none", allow_unix=True), 1, 1, ALLOW),
+    (seccomp.FilterOptions(sockets="tcp"), 2, 1, ALLOW),
+    (seccomp.FilterOptions(sockets="tcp"), 2, 1 | 0x80000 | 0x800, ALLOW),  # CLOEXEC|NONBLOCK
+    (seccomp.FilterOptions(sockets="tcp"), 10, 1, ALLOW),
+    (seccomp.FilterOptions(sockets="tcp"), 2, 2, EACCES),  # UDP
+    (seccomp.FilterOptions(sockets="tcp"), 10, 3, EACCES),  # raw
+    (seccomp.FilterOptions(sockets="tcp"), 1, 1, EACCES),
+    (seccomp.FilterOptions(sockets="all"), 1, 1, ALLOW),
+]
+
+
+@pytest.mark.parametrize(("opts", "family", "kind", "expected"), SOCKETS)
+def test_socket_policies(
+    opts: seccomp.FilterOptions, family: int, kind: int, expected: int
+) -> None:
+    prog = seccomp.build_filter("x86_64", opts)
+    assert run_bpf(prog, 41, ARCH["x86_64"], (family, kind)) == expected
+
+
+@pytest.mark.parametrize(("no_pidns", "expected"), [(True, EPERM), (False, ALLOW)])
+def test_setsid_refused_without_pid_namespace(no_pidns: bool, expected: int) -> None:
+    prog = seccomp.build_filter("x86_64", seccomp.FilterOptions(no_pidns=no_pidns))
+    for name in ("setsid", "setpgid"):
+        assert run_bpf(prog, seccomp.SYSCALLS["x86_64"][name], ARCH["x86_64"]) == expected
+
+
+def test_program_starts_with_the_arch_check() -> None:
+    insns = seccomp.decode(seccomp.build_filter("x86_64"))
+    assert insns[0] == (0x20, 0, 0, 4)
+    assert insns[1][0] == 0x15 and insns[1][3] == 0xC000003E
+    assert insns[2] == (0x06, 0, 0, KILL)
+    assert len(insns) < 4096
