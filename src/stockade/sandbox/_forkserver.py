@@ -99,6 +99,9 @@ def _child(req: dict[str, Any], out_fd: int, err_fd: int, report_fd: int) -> Non
             os.setgroups([])
             os.setgid(req["gid"])
             os.setuid(uid)
+        elif os.geteuid() == 0:
+            stage = "drop capabilities"
+            drop_capabilities(libc)
         stage = "landlock"
         _landlock.enforce(ruleset)
         stage = "seccomp"
@@ -110,6 +113,35 @@ def _child(req: dict[str, Any], out_fd: int, err_fd: int, report_fd: int) -> Non
         with contextlib.suppress(OSError):
             os.write(report_fd, msg[:4000])
     os._exit(127)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = (
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    )
+
+
+def drop_capabilities(libc: ctypes.CDLL) -> None:
+    """Stay uid 0 but with no capability, now or after any execve."""
+    PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_CAP_AMBIENT = 24, 28, 47
+    for cap in range(64):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break  # past the last capability this kernel knows
+    libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    # NOROOT, NO_SETUID_FIXUP, KEEP_CAPS_LOCKED, NO_CAP_AMBIENT_RAISE, each locked.
+    bits = 0b11111111 & ~0b00010000
+    if libc.prctl(PR_SET_SECUREBITS, bits, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECUREBITS)")
+    header = _CapHeader(0x20080522, 0)
+    data = (_CapData * 2)()
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
 
 
 def _is_regular(fd: int) -> bool:

@@ -251,7 +251,11 @@ class LoopbackRelay:
     """Host side for landlock ``network: proxy``: 127.0.0.1:PORT -> the proxy socket."""
 
     def __init__(self, target: Path) -> None:
-        self._target = str(target)
+        # Connect through an fd opened now: the socket may sit in a directory
+        # the jail can write, and a name swapped for a symlink must not
+        # redirect the engine to another socket.
+        self._target_fd = os.open(target, os.O_PATH | os.O_CLOEXEC)
+        self._target = f"/proc/self/fd/{self._target_fd}"
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -271,6 +275,25 @@ class LoopbackRelay:
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
+        with contextlib.suppress(OSError):
+            os.close(self._target_fd)
+
+
+def _reachable_by_others(path: Path) -> bool:
+    """Other users can search every directory down to ``path`` and use ``path`` itself."""
+    try:
+        resolved = path.resolve()
+        for parent in resolved.parents:
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                return False
+        mode = os.stat(resolved).st_mode
+    except OSError:
+        return False
+    if stat.S_ISDIR(mode):
+        return bool(mode & stat.S_IXOTH and mode & stat.S_IROTH)
+    if stat.S_ISSOCK(mode):
+        return bool(mode & stat.S_IWOTH)
+    return bool(mode & stat.S_IROTH)
 
 
 def _is_socket(path: Path) -> bool:
@@ -317,7 +340,9 @@ class LandlockBackend(Backend):
             "no network namespace: the host's network stack is shared; TCP is filtered by "
             "Landlock and other sockets by seccomp",
             "RLIMIT_NPROC counts every process of the jail's uid on the host "
-            "(the limit is set to the current count plus the step's share)",
+            "(the limit is set to the current count plus the step's share); when the engine "
+            "runs as root and a step needs a path only root can reach, the jail keeps uid 0 "
+            "without capabilities and RLIMIT_NPROC does not apply",
             "a mounted unix socket (agent broker) re-enables AF_UNIX sockets: the step can then "
             "connect to any pathname unix socket it can name",
             "/dev/stdout and /dev/stderr can be reopened only when they are files",
@@ -337,7 +362,12 @@ class LandlockBackend(Backend):
         uid = gid = None
         for sub in ("home", "tmp"):
             (policy.scratch_dir / sub).mkdir(parents=True, exist_ok=True)
-        if os.geteuid() == 0:
+        needed = [policy.work_dir, policy.scratch_dir, *(m.source for m in policy.mounts)]
+        if os.geteuid() == 0 and all(_reachable_by_others(p) for p in needed):
+            # Host root is exempt from RLIMIT_NPROC and owns everything: run
+            # as nobody. When a needed path is reachable only by root (a
+            # runtime dir under /root), the helper keeps uid 0 but drops
+            # every capability instead.
             uid, gid = JAIL_UID, JAIL_GID
             _chown_tree(policy.work_dir, uid, gid)
             _chown_tree(policy.scratch_dir, uid, gid)
