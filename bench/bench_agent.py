@@ -38,6 +38,7 @@ from modelserver import ModelServer, Seen, Turn, say  # noqa: E402
 
 from stockade.agent import AgentJob, start_agent  # noqa: E402
 from stockade.agent.jail import BrokerClient  # noqa: E402
+from stockade.agent.session import install_jail_code, interpreter  # noqa: E402
 from stockade.agent.wire import to_openai  # noqa: E402
 from stockade.sandbox.base import Backend  # noqa: E402
 from stockade.sandbox.none import NoneBackend  # noqa: E402
@@ -148,22 +149,25 @@ def agent_start(starts: int) -> None:
 
 
 def imports() -> None:
-    exe = os.path.realpath(sys.executable)
-    src = str(ROOT / "src")
+    """The jail's interpreter and its private copy of the jail modules, as launched."""
+    exe, _ = interpreter()
+    with tempfile.TemporaryDirectory() as d:
+        lib = Path(d) / "lib"
+        install_jail_code(lib)
 
-    def t(code: str, site: bool) -> float:
-        runs = []
-        for _ in range(7):
-            t0 = time.perf_counter()
-            argv = [sys.executable, "-I"] if site else [exe, "-I", "-S"]
-            subprocess.run([*argv, "-c", f"import sys;sys.path.insert(0,{src!r});{code}"], check=True)
-            runs.append(time.perf_counter() - t0)
-        return statistics.median(runs)
+        def t(code: str, argv: list[str]) -> float:
+            runs = []
+            for _ in range(7):
+                t0 = time.perf_counter()
+                subprocess.run([*argv, "-c", f"import sys;sys.path.insert(0,{str(lib)!r});{code}"], check=True)
+                runs.append(time.perf_counter() - t0)
+            return statistics.median(runs)
 
-    base, base_site = t("pass", False), t("pass", True)
-    print(f"python -I -S startup:                      {base * 1000:.1f} ms")
-    print(f"  + import stockade.agent.jail:            {(t('import stockade.agent.jail', False) - base) * 1000:.1f} ms")
-    print(f"  + import httpx (for comparison, unused): {(t('import httpx', True) - base_site) * 1000:.1f} ms")
+        jail = [exe, "-I", "-S", "-B"]
+        base, base_site = t("pass", jail), t("pass", [sys.executable, "-I"])
+        print(f"jail interpreter {exe} -I -S startup: {base * 1000:.1f} ms")
+        print(f"  + import stockade.agent.jail:            {(t('import stockade.agent.jail', jail) - base) * 1000:.1f} ms")
+        print(f"  + import httpx (for comparison, unused): {(t('import httpx', [sys.executable, '-I']) - base_site) * 1000:.1f} ms")
 
 
 def main() -> None:

@@ -1,8 +1,10 @@
 """One agent item on the host: broker up, jail launch described, gate at the end.
 
 ``start_agent(job)`` returns an ``AgentSession``. Entering it snapshots
-``work/``, writes the jail's config into ``runtime_dir`` (mounted read-only,
-never inside ``work/``), and starts the broker on a unix socket there.
+``work/``, puts the jail's config, a copy of the jail's (stdlib-only)
+modules and the broker's unix socket in an unguessable folder under
+``runtime_dir`` (each mounted read-only, never inside ``work/``), and starts
+the broker.
 ``finish(exit_code)`` compares ``work/`` with the snapshot (the name-list
 gate), writes ``meta/changes.diff`` and ``meta/outcome.json``, and returns the
 ``AgentOutcome``.
@@ -12,11 +14,17 @@ Must not import the runner, workspace or cli.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import json
 import os
+import py_compile
 import secrets
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -25,15 +33,14 @@ from types import TracebackType
 
 import httpx
 
-import stockade
 from stockade.agent import AgentJob, AgentLaunch, AgentOutcome, gate, patch, wire
 from stockade.agent.broker import Broker, BrokerConfig, BrokerServer, Recorder
 from stockade.sandbox.policy import ExtraMount
 
 _TTY_LOCK = threading.Lock()
 
-#: The jail's entry: isolated mode, no site, no bytecode writes; the package
-#: directory is put on sys.path explicitly because site (and .pth) are off.
+#: The jail's entry: isolated mode, no site, no bytecode writes; the folder
+#: with the jail's modules is put on sys.path explicitly (site is off).
 _BOOT = "import sys;sys.path.insert(0,sys.argv.pop(1));from stockade.agent.jail import main;sys.exit(main())"
 
 
@@ -59,30 +66,94 @@ def ask_on_tty(path: str) -> bool:
             os.close(fd)
 
 
-def _interpreter() -> tuple[str, tuple[Path, ...]]:
-    """The real interpreter binary and the prefixes the jail must see read-only."""
-    exe = os.path.realpath(sys.executable)
-    roots: list[Path] = [Path(sys.base_prefix).resolve()]
-    exe_root = Path(exe).parent.parent
-    if not any(exe_root == r or r in exe_root.parents for r in roots):
-        roots.append(exe_root)
-    return exe, tuple(roots)
+#: What the jail runs: stdlib-only modules, copied into the item's private
+#: runtime folder so the jail needs no path of the engine's installation (and
+#: sees none of the engine besides them).
+JAIL_MODULES = ("__init__.py", "fs.py", "guard.py", "jail.py", "loop.py", "patch.py", "tools.py")
+_PACKAGE_STUB = '"""stockade, as the agent jail sees it: only stockade.agent\'s jail side."""\n'
 
 
-def jail_launch(config_path: Path, socket_path: Path) -> AgentLaunch:
-    exe, prefixes = _interpreter()
-    pkg = Path(stockade.__file__).resolve().parent
-    mounts = [ExtraMount(p, str(p)) for p in prefixes]
-    # The folder holding the package, not just the package: the import
-    # system lists the sys.path entry itself, and landlock would refuse that.
-    mounts.append(ExtraMount(pkg.parent, str(pkg.parent)))
-    # The socket and the config file themselves, not their folder: the
-    # landlock backend re-allows AF_UNIX only when a mounted path is a socket.
-    mounts.append(ExtraMount(socket_path, str(socket_path)))
-    mounts.append(ExtraMount(config_path, str(config_path)))
+def _reachable(path: Path) -> bool:
+    """Whether any uid can reach ``path`` (a jail may run as nobody)."""
+    try:
+        return all(os.stat(p).st_mode & 0o001 for p in (path, *path.parents))
+    except OSError:
+        return False
+
+
+def _version_ok(exe: str) -> bool:
+    try:
+        r = subprocess.run([exe, "-I", "-S", "-c", "import sys; print(sys.version_info >= (3, 10))"],
+                           capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.stdout.strip() == "True"
+
+
+@functools.cache
+def interpreter() -> tuple[str, Path]:
+    """An interpreter for the jail and the prefix it needs read-only.
+
+    The engine's own when every uid can reach it; otherwise (say a pyenv
+    build under a 0700 /root while bwrap runs jails as nobody) a system
+    python3 >= 3.10, which the jail code is written for.
+    """
+    own = os.path.realpath(sys.executable)
+    own_prefix = Path(sys.base_prefix).resolve()
+    if _reachable(own_prefix) and _reachable(Path(own).parent):
+        return own, own_prefix
+    for cand in ("/usr/bin/python3", "/usr/local/bin/python3", shutil.which("python3") or ""):
+        if not cand or not os.path.exists(cand):
+            continue
+        exe = os.path.realpath(cand)
+        prefix = Path(exe).parent.parent
+        if _reachable(Path(exe).parent) and _version_ok(exe):
+            return exe, prefix
+    return own, own_prefix
+
+
+@functools.cache
+def _jail_code_template() -> Path:
+    """The jail's modules with bytecode, built once per engine process.
+
+    Bytecode is compiled as unchecked-hash pycs, so the jail (run with -B,
+    on a read-only mount) loads them without compiling: about half its
+    import time. A jail interpreter of another version ignores them.
+    """
+    root = Path(tempfile.mkdtemp(prefix="stockade-jail-code-"))
+    atexit.register(shutil.rmtree, root, True)
+    src = Path(__file__).resolve().parent
+    dest = root / "stockade" / "agent"
+    dest.mkdir(parents=True)
+    (root / "stockade" / "__init__.py").write_text(_PACKAGE_STUB)
+    for name in JAIL_MODULES:
+        shutil.copyfile(src / name, dest / name)
+    for f in [root / "stockade" / "__init__.py", *(dest / n for n in JAIL_MODULES)]:
+        py_compile.compile(str(f), doraise=True, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    return root
+
+
+def install_jail_code(lib: Path) -> None:
+    """Copy the jail's modules (and their bytecode) into ``lib``, readable by any uid."""
+    shutil.copytree(_jail_code_template(), lib)
+    for dirpath, _dirs, filenames in os.walk(lib):
+        os.chmod(dirpath, 0o755)
+        for f in filenames:
+            os.chmod(os.path.join(dirpath, f), 0o644)
+
+
+def jail_launch(config_path: Path, socket_path: Path, lib: Path) -> AgentLaunch:
+    exe, prefix = interpreter()
     return AgentLaunch(
-        argv=(exe, "-I", "-S", "-B", "-c", _BOOT, str(pkg.parent), str(config_path)),
-        mounts=tuple(mounts),
+        argv=(exe, "-I", "-S", "-B", "-c", _BOOT, str(lib), str(config_path)),
+        mounts=(
+            ExtraMount(prefix, str(prefix)),
+            ExtraMount(lib, str(lib)),
+            # The socket and the config file themselves, not their folder: the
+            # landlock backend re-allows AF_UNIX only when a mounted path is a socket.
+            ExtraMount(socket_path, str(socket_path)),
+            ExtraMount(config_path, str(config_path)),
+        ),
         env={},  # -I ignores PYTHON* variables anyway; nothing of the host is needed
     )
 
@@ -115,7 +186,8 @@ class AgentSession:
         self._rt = job.runtime_dir.resolve() / secrets.token_hex(12)
         self._config_path = self._rt / "agent.json"
         self._socket_path = self._rt / "broker.sock"
-        self.launch = jail_launch(self._config_path, self._socket_path)
+        self._lib = self._rt / "lib"
+        self.launch = jail_launch(self._config_path, self._socket_path, self._lib)
 
     def __enter__(self) -> AgentSession:
         job, cfg = self.job, self.job.config
@@ -124,6 +196,7 @@ class AgentSession:
         os.chmod(job.runtime_dir, 0o711)
         self._rt.mkdir(mode=0o711)
         os.chmod(self._rt, 0o711)
+        install_jail_code(self._lib)
         job.meta_dir.mkdir(parents=True, exist_ok=True)
         work = job.work_dir.resolve()
         self._before = gate.snapshot(work)
@@ -183,6 +256,7 @@ class AgentSession:
             self._server = None
         for p in (self._config_path, self._socket_path):
             p.unlink(missing_ok=True)
+        shutil.rmtree(self._lib, ignore_errors=True)
         with contextlib.suppress(OSError):
             self._rt.rmdir()
 
