@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -273,11 +274,43 @@ def test_effect_fenced_and_listing(store: Store) -> None:
 
 
 def test_last_publish_swap(store: Store) -> None:
-    a = PublishRecord("L", "r1", "2026-09-13", "aa" * 32, "fp1", 1.0)
-    b = PublishRecord("L", "r2", "2026-09-14", "aa" * 32, "fp2", 2.0)
+    a = PublishRecord("L", "r1", "2026-09-13", "aa" * 32, "fp1", 1.0, run_started_at=0.5, token=3)
+    b = PublishRecord("L", "r2", "2026-09-14", "aa" * 32, "fp2", 2.0, run_started_at=1.5, token=4)
+    assert store.get_last_publish("L") is None
     assert store.swap_last_publish(a) is None
     assert store.swap_last_publish(b) == a
+    assert store.get_last_publish("L") == b
     assert store.swap_last_publish(a) == b
+    assert store.get_last_publish("other") is None
+
+
+def test_sqlite_store_migrates_old_last_publish(tmp_path: Path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "stockade.db") as db:
+        db.execute("CREATE TABLE last_publish (lease TEXT PRIMARY KEY, run_id TEXT NOT NULL,"
+                   " key TEXT NOT NULL, payload_sha256 TEXT NOT NULL,"
+                   " input_fingerprint TEXT NOT NULL, at REAL NOT NULL)")
+        db.execute("INSERT INTO last_publish VALUES ('L', 'r0', 'k', 'x', 'fp', 1.0)")
+    s = open_store(None, tmp_path)
+    assert s.get_last_publish("L") == PublishRecord("L", "r0", "k", "x", "fp", 1.0, 0.0, 0)
+    s.close()
+
+
+def test_sqlite_clock_expression_works_on_this_sqlite() -> None:
+    """``unixepoch('subsec')`` only exists from SQLite 3.42; the store must not rely on it."""
+    import sqlite3
+    import time
+
+    from stockade.store.sqlite import NOW_SQL
+
+    db = sqlite3.connect(":memory:")
+    if sqlite3.sqlite_version_info < (3, 42):
+        # Before 3.38 unixepoch() does not exist at all.
+        with contextlib.suppress(sqlite3.OperationalError):
+            assert db.execute("SELECT unixepoch('subsec')").fetchone()[0] is None
+    now = db.execute(f"SELECT {NOW_SQL}").fetchone()[0]
+    assert isinstance(now, float) and abs(now - time.time()) < 1.0
 
 
 # -- opening ------------------------------------------------------------------------

@@ -148,3 +148,35 @@ def test_kill_9_mid_fanout_then_resume_http(tmp_path: Path,
     for idem, key in state["posts"]:
         per_key.setdefault(key, set()).add(idem)
     assert all(len(v) == 1 for v in per_key.values())
+
+
+RACE = """\
+name: race
+vars:
+  delay: "0"
+steps:
+  - id: compute
+    run: sleep {{ vars.delay }}; echo computed
+  - id: publish
+    needs: [compute]
+    publish:
+      to: sqlite:///reports.db?table=daily
+      key: today
+      payload:
+        run: "{{ run.id }}"
+"""
+
+
+def test_older_run_publishing_last_is_fenced(tmp_path: Path) -> None:
+    """A starts first but publishes after B: B, the newer run, keeps the row; A's item
+    ends fenced, the run exits 1 and names the newer token."""
+    (tmp_path / "wf.yaml").write_text(RACE)
+    old = stockade(tmp_path, "run", "wf.yaml", "--run-id", "old", "--var", "delay=2", wait=False)
+    time.sleep(0.5)
+    new = stockade(tmp_path, "run", "wf.yaml", "--run-id", "new")
+    assert new.returncode == 0, new.stderr
+    assert old.wait(timeout=60) == 1
+    assert [r[:3] for r in sink_rows(tmp_path)] == [("today", "new", 1)]
+    shown = stockade(tmp_path, "show", "old", "publish/0")
+    assert "fenced" in shown.stdout + shown.stderr
+    assert "token 1" in shown.stdout + shown.stderr

@@ -241,3 +241,27 @@ def test_items_of_one_run_share_the_token(store: Store, tmp_path: Path) -> None:
 def test_bad_sink_url_is_a_failed_outcome(store: Store, tmp_path: Path, to: str, message: str) -> None:
     out = publish(req(tmp_path, to=to), store, clock=clock)
     assert out.status == "failed" and message in out.message
+
+
+@pytest.mark.parametrize(
+    ("a_started", "allow_stale", "status"),
+    [
+        (NOW - 120, False, "fenced"),      # A is older than B, which already published
+        (NOW - 120, True, "succeeded"),    # the operator insists
+        (NOW - 60, False, "succeeded"),    # same start: not older
+        (NOW - 30, False, "succeeded"),    # A is the newer run
+    ],
+)
+def test_older_run_does_not_overwrite_newer(store: Store, tmp_path: Path, a_started: float,
+                                            allow_stale: bool, status: str) -> None:
+    """B started after A but published first; A's later publish must not undo it."""
+    b = publish(req(tmp_path, "B", payload={"total": 4}, run_started_at=NOW - 60), store, clock=clock)
+    assert (b.status, b.token) == ("succeeded", 1)
+    a = publish(req(tmp_path, "A", run_started_at=a_started, allow_stale=allow_stale), store,
+                clock=clock)
+    assert a.status == status
+    if status == "fenced":
+        assert a.winner_token == 1 and "run B" in a.message and "--allow-stale" in a.message
+        assert table(tmp_path) == [("2026-09-14", '{"total": 4}', 1, "B")]
+    else:
+        assert table(tmp_path)[0][3] == "A"

@@ -8,7 +8,9 @@ The order matters and is the whole design:
    overwrite it); ``claimed`` -> an earlier attempt may have written: ask the
    sink before writing again;
 3. refuse a run older than its window unless ``allow_stale``;
-4. take the lease (token from the store, expiry on the database clock);
+4. take the lease (token from the store, expiry on the database clock); a run
+   that started before the last run to publish under this lease is fenced out
+   (a newer run wins; ``allow_stale`` overrides);
 5. claim the effect, write through the sink (which checks the fence and the
    idempotency key in the same transaction as the write), finish the effect;
 6. warn when the payload equals the lease's previous publish from a run with
@@ -176,6 +178,17 @@ def _publish(
         return _failed(got)
     lease = got
     try:
+        # Checked under the lease, so no other run's publish can slip in between.
+        newer = store.get_last_publish(req.lease)
+        if (newer is not None and newer.run_id != req.run_id and not req.allow_stale
+                and newer.run_started_at > req.run_started_at):
+            return PublishOutcome(
+                "fenced",
+                f"fenced out: run {newer.run_id}, started after this run, already published"
+                f" under lease {req.lease!r} with token {newer.token}; an older run does not"
+                " overwrite a newer one (resume with --allow-stale to publish anyway)",
+                lease.token, newer.token,
+            )
         sha = content_sha256(req.payload)
         store.claim_effect(Effect(
             key=idem, run_id=req.run_id, step=req.step, item=req.item, attempt=req.attempt,
@@ -204,17 +217,18 @@ def _finish(
     if result.status == "already":
         return PublishOutcome("succeeded", f"already applied with token {result.token}",
                               result.token, already_applied=True)
-    warnings = _flat_series(req, store, sha, clock)
+    warnings = _flat_series(req, store, sha, result.token or 0, clock)
     return PublishOutcome("succeeded", f"published {req.key!r} with token {result.token}",
                           result.token, warnings=warnings)
 
 
 def _flat_series(
-    req: PublishRequest, store: Store, sha: str, clock: Callable[[], float],
+    req: PublishRequest, store: Store, sha: str, token: int, clock: Callable[[], float],
 ) -> tuple[str, ...]:
     prev = store.swap_last_publish(PublishRecord(
         lease=req.lease, run_id=req.run_id, key=req.key, payload_sha256=sha,
         input_fingerprint=req.input_fingerprint, at=clock(),
+        run_started_at=req.run_started_at, token=token,
     ))
     if (prev is None or prev.run_id == req.run_id or prev.payload_sha256 != sha
             or prev.input_fingerprint == req.input_fingerprint):

@@ -135,7 +135,8 @@ class FenceCheck:
 
 @dataclass(frozen=True)
 class PublishRecord:
-    """The last publish under a lease, kept to notice a flat series across runs."""
+    """The last publish under a lease: to notice a flat series across runs, and to keep
+    an older run from overwriting what a newer run published."""
 
     lease: str
     run_id: str
@@ -143,6 +144,8 @@ class PublishRecord:
     payload_sha256: str
     input_fingerprint: str
     at: float
+    run_started_at: float = 0.0
+    token: int = 0
 
 
 class RunExists(Exception):
@@ -262,6 +265,9 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def swap_last_publish(self, record: PublishRecord) -> PublishRecord | None:
         """Store ``record`` as the lease's last publish; return the one it replaced."""
+
+    @abc.abstractmethod
+    def get_last_publish(self, lease: str) -> PublishRecord | None: ...
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""

@@ -131,6 +131,9 @@ CREATE TABLE IF NOT EXISTS stockade_last_publish (
     input_fingerprint TEXT NOT NULL,
     at DOUBLE PRECISION NOT NULL
 );
+ALTER TABLE stockade_last_publish
+    ADD COLUMN IF NOT EXISTS run_started_at DOUBLE PRECISION NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS token BIGINT NOT NULL DEFAULT 0;
 """
 
 #: Arbitrary constant: serialises concurrent CREATE TABLE IF NOT EXISTS, which
@@ -493,16 +496,25 @@ class PostgresStore(Store):
         r = record
         with self._tx() as cur:
             old = cur.execute(
-                "SELECT * FROM stockade_last_publish WHERE lease = %s FOR UPDATE", (r.lease,)
+                "SELECT lease, run_id, key, payload_sha256, input_fingerprint, at, run_started_at, token FROM stockade_last_publish WHERE lease = %s FOR UPDATE",
+                (r.lease,),
             ).fetchone()
             cur.execute(
-                "INSERT INTO stockade_last_publish VALUES (%s,%s,%s,%s,%s,%s)"
+                "INSERT INTO stockade_last_publish (lease, run_id, key, payload_sha256, input_fingerprint, at, run_started_at, token) VALUES (%s,%s,%s,%s,%s,%s,%s,%s)"
                 " ON CONFLICT (lease) DO UPDATE SET run_id = EXCLUDED.run_id,"
                 " key = EXCLUDED.key, payload_sha256 = EXCLUDED.payload_sha256,"
-                " input_fingerprint = EXCLUDED.input_fingerprint, at = EXCLUDED.at",
-                (r.lease, r.run_id, r.key, r.payload_sha256, r.input_fingerprint, r.at),
+                " input_fingerprint = EXCLUDED.input_fingerprint, at = EXCLUDED.at,"
+                " run_started_at = EXCLUDED.run_started_at, token = EXCLUDED.token",
+                (r.lease, r.run_id, r.key, r.payload_sha256, r.input_fingerprint, r.at,
+                 r.run_started_at, r.token),
             )
         return PublishRecord(*old) if old else None
+
+    def get_last_publish(self, lease: str) -> PublishRecord | None:
+        rows = self._rows(
+            "SELECT lease, run_id, key, payload_sha256, input_fingerprint, at, run_started_at, token FROM stockade_last_publish WHERE lease = %s", (lease,)
+        )
+        return PublishRecord(*rows[0]) if rows else None
 
     def close(self) -> None:
         with self._lock:

@@ -123,7 +123,9 @@ CREATE TABLE IF NOT EXISTS last_publish (
     key TEXT NOT NULL,
     payload_sha256 TEXT NOT NULL,
     input_fingerprint TEXT NOT NULL,
-    at REAL NOT NULL
+    at REAL NOT NULL,
+    run_started_at REAL NOT NULL DEFAULT 0,
+    token INTEGER NOT NULL DEFAULT 0
 );
 """
 
@@ -151,6 +153,15 @@ class SQLiteStore(Store):
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=30000")
         self._db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        # Stores made before last_publish learnt who published and with which token.
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(last_publish)")}
+        for col, decl in (("run_started_at", "REAL NOT NULL DEFAULT 0"),
+                          ("token", "INTEGER NOT NULL DEFAULT 0")):
+            if col not in have:
+                self._db.execute(f"ALTER TABLE last_publish ADD COLUMN {col} {decl}")
 
     # -- helpers -----------------------------------------------------------
 
@@ -433,12 +444,19 @@ class SQLiteStore(Store):
     def swap_last_publish(self, record: PublishRecord) -> PublishRecord | None:
         r = record
         with self._durable_tx() as db:
-            old = db.execute("SELECT * FROM last_publish WHERE lease = ?", (r.lease,)).fetchone()
+            old = db.execute(
+                "SELECT lease, run_id, key, payload_sha256, input_fingerprint, at, run_started_at, token FROM last_publish WHERE lease = ?", (r.lease,)
+            ).fetchone()
             db.execute(
-                "INSERT OR REPLACE INTO last_publish VALUES (?,?,?,?,?,?)",
-                (r.lease, r.run_id, r.key, r.payload_sha256, r.input_fingerprint, r.at),
+                "INSERT OR REPLACE INTO last_publish (lease, run_id, key, payload_sha256, input_fingerprint, at, run_started_at, token) VALUES (?,?,?,?,?,?,?,?)",
+                (r.lease, r.run_id, r.key, r.payload_sha256, r.input_fingerprint, r.at,
+                 r.run_started_at, r.token),
             )
         return PublishRecord(*old) if old else None
+
+    def get_last_publish(self, lease: str) -> PublishRecord | None:
+        rows = self._rows("SELECT lease, run_id, key, payload_sha256, input_fingerprint, at, run_started_at, token FROM last_publish WHERE lease = ?", (lease,))
+        return PublishRecord(*rows[0]) if rows else None
 
     def close(self) -> None:
         with self._lock:
