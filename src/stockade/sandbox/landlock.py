@@ -207,6 +207,10 @@ class ForkServerClient:
         with self._lock:
             sock, self._sock = self._sock, None
         if sock is not None:
+            # shutdown, not only close: the reader thread blocked in recv()
+            # holds the file open, so close() alone would not reach the helper.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
             sock.close()
         if self._proc is not None:
             try:
