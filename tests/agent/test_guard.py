@@ -72,7 +72,10 @@ def test_writes_globs(path: str, writes: list[str], ok: bool) -> None:
     assert guard.allowed_by(path, writes) is ok
 
 
-PROMPT = "Extract the helper from billing/utils.py into `billing/tax.py`. See README.md, then (out/report.md)."
+PROMPT = (
+    "Extract the helper from billing/utils.py into `billing/tax.py`. See README.md, then (out/report.md). "
+    "The bug is at shared/money.py:12; docs in [the guide](docs/guide.md), 'quoted/q.py', \"dq/d.py\"."
+)
 
 
 @pytest.mark.parametrize(
@@ -82,6 +85,10 @@ PROMPT = "Extract the helper from billing/utils.py into `billing/tax.py`. See RE
         ("billing/tax.py", True),
         ("README.md", True),
         ("out/report.md", True),
+        ("shared/money.py", True),
+        ("docs/guide.md", True),
+        ("quoted/q.py", True),
+        ("dq/d.py", True),
         ("repo/billing/utils.py", True),  # inside one input folder (a tree)
         ("src/app.py", False),  # the seed-001 guess
         ("billing/app.py", False),

@@ -102,8 +102,8 @@ def mentions(prompt: str) -> frozenset[str]:
     a target the operator wants patched must be written out in the prompt.
     """
     found: set[str] = set()
-    for token in re.split(r"[\s`'\"]+", prompt):
-        token = token.strip(_PROMPT_TRIM)
+    for token in re.split(r"[\s`'\"()\[\]<>,;|]+", prompt):
+        token = re.sub(r"(:\d+)+$", "", token.strip(_PROMPT_TRIM))  # billing/utils.py:12
         if token.startswith("./"):
             token = token[2:]
         if not token or not re.search(r"[A-Za-z0-9_-][/.][A-Za-z0-9_-]", token):
