@@ -111,11 +111,14 @@ class Broker:
         self._ask = ask
         self._clock = clock
         self._deadline = None if cfg.timeout is None else clock() + cfg.timeout
-        self._http = http or httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0))
         self._lock = threading.Lock()
         prefix = cfg.provider.upper()
         self._key = host_env.get(f"{prefix}_API_KEY") or None
         self._url = wire.endpoint(cfg.provider, host_env.get(f"{prefix}_BASE_URL") or None)
+        # A local server (vLLM, llama.cpp, Ollama) is never reached through an
+        # HTTP(S)_PROXY the host may have set for the internet.
+        local = httpx.URL(self._url).host in ("127.0.0.1", "localhost", "::1")
+        self._http = http or httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0), trust_env=not local)
 
     def close(self) -> None:
         self._http.close()
