@@ -16,9 +16,11 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -77,6 +79,10 @@ class Cluster:
         return self.url(name)
 
 
+def _raise_exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 @contextlib.contextmanager
 def cluster(*, durable: bool = False, parent: str | None = None) -> Iterator[Cluster]:
     """Start a cluster; ``durable=False`` turns fsync off to keep tests fast. ``parent``
@@ -84,8 +90,17 @@ def cluster(*, durable: bool = False, parent: str | None = None) -> Iterator[Clu
     bindir = find_bin()
     if bindir is None:
         raise FileNotFoundError(f"PostgreSQL server binaries not found (apt-get install {APT_PACKAGE})")
-    # Not under pytest's tmp_path: its parents are root-only and the server user must traverse.
+    # Not under pytest's tmp_path: its parents are root-only and the server user must
+    # traverse. /var/tmp rather than /tmp: a session-long server should not share the
+    # folder every test scribbles in.
+    if parent is None:
+        parent = os.environ.get("STOCKADE_PG_TMPDIR") or (
+            "/var/tmp" if os.access("/var/tmp", os.W_OK) else None)
     base = Path(tempfile.mkdtemp(prefix="stockade-pg-", dir=parent))
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        # `timeout` and CI runners stop pytest with SIGTERM: stop the server too.
+        signal.signal(signal.SIGTERM, _raise_exit)
     data, sock = base / "data", base / "sock"
     sock.mkdir()
     runas = _as_user()

@@ -235,12 +235,20 @@ def test_items_of_one_run_share_the_token(store: Store, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("to", "message"),
-    [("ftp://x/y", "unknown sink"), ("sqlite:///x.db", "?table=NAME")],
+    ("change", "message"),
+    [
+        ({"to": "ftp://x/y"}, "unknown sink"),
+        ({"to": "sqlite:///x.db"}, "?table=NAME"),
+        ({"key": ""}, "key rendered to an empty string"),
+        ({"payload": {"x": float("nan")}}, "not a JSON value"),
+        ({"payload": {"x": object()}}, "not a JSON value"),
+    ],
 )
-def test_bad_sink_url_is_a_failed_outcome(store: Store, tmp_path: Path, to: str, message: str) -> None:
-    out = publish(req(tmp_path, to=to), store, clock=clock)
+def test_bad_request_is_a_failed_outcome(store: Store, tmp_path: Path, change: dict[str, Any],
+                                         message: str) -> None:
+    out = publish(req(tmp_path, **change), store, clock=clock)
     assert out.status == "failed" and message in out.message
+    assert not (tmp_path / "sink").exists()
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ Must not import runner, workspace, sandbox or cli.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -129,6 +130,12 @@ def publish(
     the store cannot be reached. ``holder`` defaults to the run id, so every item of
     a run shares one token; ``lease_wait`` (default: the lease's TTL) bounds the wait
     for another holder's lease."""
+    if not req.key:
+        return _failed("refused: the publish key rendered to an empty string")
+    try:
+        json.dumps(req.payload, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return _failed(f"refused: the payload is not a JSON value ({exc})")
     refusal = check_provenance(req, store)
     if refusal:
         return _failed(refusal)
