@@ -54,6 +54,10 @@ def run_agent_attempt(
             )
             code, timed_out = run_jail(ac, backend, policy, step, index, adir, masker)
             result = session.finish(code)
+            # A coding step hands its edits downstream as a unified diff, unless
+            # the agent itself wrote a file by that name.
+            if result.ok and result.diff and not (idir.out / "changes.diff").exists():
+                (idir.out / "changes.diff").write_text(result.diff, encoding="utf-8")
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
     outcome = finish_process(idir, adir, n, started, code, timed_out, step, ac)
