@@ -47,8 +47,12 @@ def _count_processes(uid: int) -> int:
     return n
 
 
-def _child(req: dict[str, Any], out_fd: int, err_fd: int, report_fd: int) -> None:
-    """In the forked child: confine, then exec. Never returns."""
+def _child(req: dict[str, Any], out_fd: int, err_fd: int, ruleset: int) -> None:
+    """In the forked child: confine, then exec. Never returns.
+
+    A failure is written to the item's stderr and ends the child with 127,
+    as a shell reports a command it cannot run.
+    """
     stage = "setup"
     try:
         os.setsid()
@@ -61,8 +65,10 @@ def _child(req: dict[str, Any], out_fd: int, err_fd: int, report_fd: int) -> Non
         os.dup2(devnull, 0)
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
-        os.closerange(3, report_fd)
-        os.closerange(report_fd + 1, 65536)
+        if ruleset != 3:
+            os.dup2(ruleset, 3)
+        os.closerange(4, 65536)
+        ruleset = 3
         stage = "rlimits"
         limits = req["rlimits"]
         uid = req.get("uid")
@@ -82,18 +88,6 @@ def _child(req: dict[str, Any], out_fd: int, err_fd: int, report_fd: int) -> Non
             resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
         stage = "chdir"
         os.chdir(req["cwd"])
-        stage = "landlock"
-        # Rules are built from paths opened while still privileged, so a jail
-        # uid without search permission above work/ still gets its rules.
-        ruleset = _landlock.build_ruleset(
-            req["abi"],
-            read_only=req["read_only"],
-            read_write=req["read_write"],
-            write_fds=[fd for fd in (1, 2) if _is_regular(fd)],
-            handle_net=req["handle_net"],
-            connect_ports=req["connect_ports"],
-            scoped=True,
-        )
         if uid is not None:
             stage = "setuid"
             os.setgroups([])
@@ -109,9 +103,9 @@ def _child(req: dict[str, Any], out_fd: int, err_fd: int, report_fd: int) -> Non
         stage = "exec"
         os.execvpe(req["argv"][0], req["argv"], req["env"])
     except BaseException as e:  # report and vanish: the child must never return
-        msg = f"{stage}: {e}".encode(errors="replace")
+        msg = f"stockade: cannot start the jail ({stage}): {e}\n".encode(errors="replace")
         with contextlib.suppress(OSError):
-            os.write(report_fd, msg[:4000])
+            os.write(2, msg[:4000])
     os._exit(127)
 
 
@@ -157,6 +151,8 @@ class Server:
     def __init__(self, ctl: socket.socket) -> None:
         self.ctl = ctl
         self.children: set[int] = set()
+        #: O_PATH fds of read-only system paths, opened once for all items.
+        self.path_fds: dict[str, int] = {}
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def send(self, msg: dict[str, Any]) -> None:
@@ -164,31 +160,32 @@ class Server:
             self.ctl.send(json.dumps(msg).encode())
 
     def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
-        report_r, report_w = os.pipe2(os.O_CLOEXEC)
+        # The ruleset is built here, from paths opened with the helper's
+        # rights, so the child only enforces it; the helper does not wait for
+        # the child's exec, so items set up in parallel.
+        try:
+            ruleset = _landlock.build_ruleset(
+                req["abi"],
+                read_only=req["read_only"],
+                read_write=req["read_write"],
+                write_fds=[fd for fd in fds[:2] if _is_regular(fd)],
+                handle_net=req["handle_net"],
+                connect_ports=req["connect_ports"],
+                scoped=True,
+                fd_cache=self.path_fds if req.get("cache_read_only") else None,
+            )
+        except OSError as e:
+            self.send({"type": "failed", "id": req["id"], "error": f"landlock: {e}"})
+            return
         try:
             pid = os.fork()
         except OSError as e:
-            os.close(report_r)
-            os.close(report_w)
+            os.close(ruleset)
             self.send({"type": "failed", "id": req["id"], "error": f"fork: {e}"})
             return
         if pid == 0:
-            os.close(report_r)
-            _child(req, fds[0], fds[1], report_w)
-        os.close(report_w)
-        chunks = []
-        while True:
-            data = os.read(report_r, 4096)
-            if not data:
-                break
-            chunks.append(data)
-        os.close(report_r)
-        if chunks:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-            error = b"".join(chunks).decode(errors="replace")
-            self.send({"type": "failed", "id": req["id"], "error": error})
-            return
+            _child(req, fds[0], fds[1], ruleset)
+        os.close(ruleset)
         self.children.add(pid)
         self.send({"type": "started", "id": req["id"], "pid": pid})
 

@@ -104,6 +104,7 @@ def build_ruleset(
     handle_net: bool,
     connect_ports: Sequence[int] = (),
     scoped: bool,
+    fd_cache: dict[str, int] | None = None,
 ) -> int:
     """Build a ruleset; return its fd for ``enforce`` (open paths before dropping privileges).
 
@@ -133,15 +134,21 @@ def build_ruleset(
 
         for paths, rights in ((read_only, READ_ONLY), (read_write, all_fs)):
             for path in paths:
-                try:
-                    pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-                except OSError:
-                    continue
+                cached = fd_cache is not None and rights == READ_ONLY
+                pfd = fd_cache.get(path, -1) if cached and fd_cache is not None else -1
+                if pfd < 0:
+                    try:
+                        pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                    except OSError:
+                        continue
+                    if cached and fd_cache is not None:
+                        fd_cache[path] = pfd
                 try:
                     is_dir = stat.S_ISDIR(os.fstat(pfd).st_mode)
                     add_path(pfd, rights if is_dir else rights & FILE_RIGHTS & all_fs)
                 finally:
-                    os.close(pfd)
+                    if not cached:
+                        os.close(pfd)
         for wfd in write_fds:
             add_path(wfd, WRITE_FILE)
         if attr.handled_access_net:

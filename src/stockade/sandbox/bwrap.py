@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,9 @@ class HostLayout:
     prlimit: str | None = None
     python: str | None = None
     resolv_conf: str | None = None
+    #: A host directory holding copies of ``etc`` (see ``build_etc``), bound
+    #: once as the jail's /etc: one mount instead of one per file (~0.2 ms each).
+    etc_dir: str | None = None
 
 
 def scan_host() -> HostLayout:
@@ -93,6 +97,46 @@ def scan_host() -> HostLayout:
     python = next((p for p in ("/usr/bin/python3", "/bin/python3") if os.path.exists(p)), None)
     prlimit = next((p for p in ("/usr/bin/prlimit", "/bin/prlimit") if os.path.exists(p)), None)
     return HostLayout(links, tuple(dirs), etc, prlimit, python, resolv)
+
+
+#: Never copied into a jail's /etc, even below an allowed directory.
+ETC_NEVER = ("shadow", "gshadow", "private", "sudoers", "ssh")
+
+
+def build_etc(layout: HostLayout, dest: Path) -> HostLayout:
+    """Copy the allowed /etc entries into ``dest`` (symlinks kept as symlinks).
+
+    The copy is a snapshot taken once per engine process; the resolver file
+    is included (bwrap shows it only with ``network: open`` in effect, as the
+    jail has no other network).
+    """
+
+    def ignore(_dir: str, names: list[str]) -> list[str]:
+        return [n for n in names if n in ETC_NEVER]
+
+    dest.mkdir(mode=0o755, parents=True, exist_ok=True)
+    dest.chmod(0o755)
+    for src in layout.etc:
+        target = dest / os.path.basename(src)
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), target)
+        elif os.path.isdir(src):
+            shutil.copytree(src, target, symlinks=True, ignore=ignore)
+        elif os.access(src, os.R_OK):
+            shutil.copy2(src, target)
+    if layout.resolv_conf and os.path.isfile(layout.resolv_conf):
+        shutil.copy2(layout.resolv_conf, dest / "resolv.conf")
+    for dirpath, dirnames, filenames in os.walk(dest):
+        for n in dirnames:
+            os.chmod(os.path.join(dirpath, n), 0o755)
+        for n in filenames:
+            p = os.path.join(dirpath, n)
+            if not os.path.islink(p):
+                os.chmod(p, 0o644)
+    return HostLayout(
+        layout.symlinks, layout.dirs, layout.etc, layout.prlimit, layout.python,
+        layout.resolv_conf, str(dest),
+    )  # fmt: skip
 
 
 def jail_env(policy: Policy) -> dict[str, str]:
@@ -169,10 +213,13 @@ def bwrap_argv(
         argv += ["--ro-bind", d, d]
     for link, target in sorted(layout.symlinks.items()):
         argv += ["--symlink", target, link]
-    for e in layout.etc:
-        argv += ["--ro-bind", e, e]
-    if policy.network == "open" and layout.resolv_conf:
-        argv += ["--ro-bind", layout.resolv_conf, "/etc/resolv.conf"]
+    if layout.etc_dir is not None:
+        argv += bind(layout.etc_dir, "/etc", False)
+    else:
+        for e in layout.etc:
+            argv += ["--ro-bind", e, e]
+        if policy.network == "open" and layout.resolv_conf:
+            argv += ["--ro-bind", layout.resolv_conf, "/etc/resolv.conf"]
     argv += [
         "--proc", "/proc",
         "--dev", "/dev",
@@ -213,6 +260,7 @@ class BwrapBackend(Backend):
         self._bwrap = bwrap or shutil.which("bwrap") or "/usr/bin/bwrap"
         self._layout: HostLayout | None = None
         self._filter: bytes | None = None
+        self._etc_tmp: str | None = None
 
     def availability(self) -> Availability:
         if not sys.platform.startswith("linux"):
@@ -233,9 +281,17 @@ class BwrapBackend(Backend):
 
     def _prepare(self) -> tuple[HostLayout, bytes]:
         if self._layout is None or self._filter is None:
-            self._layout = scan_host()
+            self._etc_tmp = tempfile.mkdtemp(prefix="stockade-etc-")
+            os.chmod(self._etc_tmp, 0o755)
+            self._layout = build_etc(scan_host(), Path(self._etc_tmp) / "etc")
             self._filter = seccomp.build_filter(seccomp.native_arch())
         return self._layout, self._filter
+
+    def close(self) -> None:
+        if self._etc_tmp is not None:
+            shutil.rmtree(self._etc_tmp, ignore_errors=True)
+            self._etc_tmp = None
+            self._layout = None
 
     def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:
         layout, program = self._prepare()
@@ -245,6 +301,8 @@ class BwrapBackend(Backend):
             _chown_tree(policy.work_dir, JAIL_UID, JAIL_GID)
         relay = str(Path(__file__).with_name("_relay.py"))
         paths = [str(policy.work_dir), *(str(m.source) for m in policy.mounts)]
+        if layout.etc_dir is not None:
+            paths.append(layout.etc_dir)
         if policy.network == "proxy":
             paths += [relay, str(policy.proxy_socket)]
         opened: list[int] = []

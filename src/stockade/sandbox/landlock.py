@@ -103,6 +103,8 @@ def landlock_request(
             "fsize": r.file_size_bytes,
         },
         "seccomp": program.hex(),
+        # System paths never change during a run: the helper may keep them open.
+        "cache_read_only": not policy.mounts,
         "uid": uid,
         "gid": gid,
     }
@@ -186,6 +188,8 @@ class ForkServerClient:
                     self._by_pid[job.pid] = job
                 else:
                     job.error = msg["error"]
+                    job.status = 127
+                    job.exited.set()
             job.started.set()
 
     def spawn(self, request: Mapping[str, Any], fds: tuple[int, int]) -> _Job:
@@ -198,9 +202,8 @@ class ForkServerClient:
         payload = json.dumps({**request, "id": rid}).encode()
         with self._send_lock:
             socket.send_fds(sock, [payload], list(fds))
-        job.started.wait()
-        if job.error:
-            raise InfraError(f"landlock jail did not start: {job.error}")
+        # No wait for the "started" reply: the item sets itself up while the
+        # caller goes on; ``pid`` and ``kill`` wait for it when needed.
         return job
 
     def close(self) -> None:
@@ -232,7 +235,13 @@ class LandlockRunning:
 
     @property
     def pid(self) -> int:
+        self._job.started.wait()
         return self._job.pid
+
+    @property
+    def error(self) -> str:
+        """Why the helper could not start the jail (empty if it did)."""
+        return self._job.error
 
     def wait(self, timeout: float | None = None) -> int | None:
         if not self._job.exited.wait(timeout):
@@ -242,8 +251,9 @@ class LandlockRunning:
         return self._job.status
 
     def kill(self, grace: float = 2.0) -> None:
+        self._job.started.wait()
         for sig, wait_for in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            if self._job.exited.is_set():
+            if self._job.exited.is_set() or not self._job.pid:
                 return
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._job.pid, sig)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import platform
 import struct
 from collections.abc import Sequence
@@ -180,6 +181,7 @@ def _socket_block(opts: FilterOptions) -> list[tuple[int, int, int, int]]:
     return [_ins(LD_W_ABS, 0, 0, arg_lo(0)), *body]
 
 
+@functools.lru_cache(maxsize=32)
 def build_filter(arch: str, opts: FilterOptions = FilterOptions()) -> bytes:
     """The filter as packed ``struct sock_filter`` entries (8 bytes each)."""
     table = SYSCALLS[arch]

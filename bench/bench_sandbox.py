@@ -1,0 +1,154 @@
+"""Jailed fan-out through ``Backend.start`` against a raw anchor, in the same run.
+
+    python bench/bench_sandbox.py [--items 1000] [--jobs 2] [--backend bwrap --backend landlock]
+
+For ``bwrap`` the anchor is raw ``bwrap`` (empty root, system dirs read-only,
+fresh namespaces, the item's dir bound and used as cwd) started by
+``xargs -P JOBS`` with the same command. For ``landlock`` the anchor is the
+bare command started by ``xargs -P JOBS`` (``env -C DIR``): no sandbox at all.
+Each side gets its own fresh item directories. Prints a table with the
+ratio (ours / anchor; target <= 1.5) and the overhead per item in ms
+(wall-clock difference divided by the number of items). ``run()`` is
+importable for the full-engine benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from stockade.sandbox import Policy, get_backend
+from stockade.sandbox.bwrap import scan_host
+
+COMMAND = "echo hi > out/x"
+ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+@dataclass(frozen=True)
+class Row:
+    backend: str
+    items: int
+    jobs: int
+    anchor_s: float
+    ours_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_s / self.anchor_s
+
+    @property
+    def overhead_ms(self) -> float:
+        return (self.ours_s - self.anchor_s) / self.items * 1000
+
+
+def _make_items(base: Path, n: int) -> list[Path]:
+    base.mkdir(parents=True)
+    base.chmod(0o755)
+    dirs = []
+    for i in range(n):
+        d = base / str(i)
+        (d / "work" / "out").mkdir(parents=True)
+        (d / "scratch").mkdir()
+        dirs.append(d)
+    return dirs
+
+
+def _raw_bwrap_argv() -> list[str]:
+    layout = scan_host()
+    argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
+    for d in layout.dirs:
+        argv += ["--ro-bind", d, d]
+    for link, target in layout.symlinks.items():
+        argv += ["--symlink", target, link]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    argv += ["--bind", "{}", "{}", "--chdir", "{}", "/bin/sh", "-c", COMMAND]
+    return argv
+
+
+def _anchor(backend: str, dirs: list[Path], jobs: int) -> float:
+    if backend == "bwrap":
+        cmd = ["xargs", f"-P{jobs}", "-I{}", *_raw_bwrap_argv()]
+    else:
+        cmd = ["xargs", f"-P{jobs}", "-I{}", "env", "-C", "{}", "/bin/sh", "-c", COMMAND]
+    listing = "".join(f"{d / 'work'}\n" for d in dirs).encode()
+    t0 = time.perf_counter()
+    subprocess.run(cmd, input=listing, check=True, stdout=subprocess.DEVNULL, env=ENV)
+    return time.perf_counter() - t0
+
+
+def _ours(backend_name: str, dirs: list[Path], jobs: int) -> float:
+    backend = get_backend(backend_name)
+
+    def one(d: Path) -> int | None:
+        policy = Policy(
+            argv=("/bin/sh", "-c", COMMAND),
+            work_dir=d / "work",
+            scratch_dir=d / "scratch",
+            env=ENV,
+        )
+        with open(d / "stdout", "wb") as out:
+            running = backend.start(policy, stdout=out, stderr=out)
+            return running.wait(60)
+
+    one(dirs[0])  # start helpers (landlock's fork server) outside the timing
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(jobs) as pool:
+        codes = list(pool.map(one, dirs[1:]))
+    elapsed = time.perf_counter() - t0
+    bad = [c for c in codes if c != 0]
+    if bad:
+        raise SystemExit(f"{backend_name}: {len(bad)} items failed, e.g. status {bad[0]}")
+    return elapsed * len(dirs) / (len(dirs) - 1)
+
+
+def run(backends: list[str], items: int, jobs: int) -> list[Row]:
+    rows = []
+    for name in backends:
+        if not get_backend(name).availability().available:
+            print(f"{name}: not available here ({get_backend(name).availability().reason})")
+            continue
+        base = Path(tempfile.mkdtemp(prefix="stockade-bench-"))
+        base.chmod(0o755)
+        try:
+            anchor_dirs = _make_items(base / "anchor", items)
+            our_dirs = _make_items(base / "ours", items)
+            anchor = _anchor(name, anchor_dirs, jobs)
+            ours = _ours(name, our_dirs, jobs)
+            assert all((d / "work" / "out" / "x").exists() for d in our_dirs)
+            rows.append(Row(name, items, jobs, anchor, ours))
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+    get_backend("landlock").close()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--items", type=int, default=1000)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--backend", action="append", choices=["bwrap", "landlock"])
+    args = ap.parse_args()
+    rows = run(args.backend or ["bwrap", "landlock"], args.items, args.jobs)
+    print(f"{'backend':<10} {'items':>6} {'jobs':>4} {'anchor s':>9} {'ours s':>8} "
+          f"{'ratio':>6} {'overhead ms/item':>17}")  # fmt: skip
+    for r in rows:
+        print(
+            f"{r.backend:<10} {r.items:>6} {r.jobs:>4} {r.anchor_s:>9.2f} {r.ours_s:>8.2f} "
+            f"{r.ratio:>6.2f} {r.overhead_ms:>17.2f}"
+        )
+    print(f"(host: {os.cpu_count()} cpus; anchor bwrap = raw bwrap via xargs, "
+          "anchor landlock = bare command via xargs)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
