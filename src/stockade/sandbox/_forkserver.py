@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import json
 import os
 import resource
@@ -47,44 +48,71 @@ def _count_processes(uid: int) -> int:
     return n
 
 
-def _child(req: dict[str, Any], out_fd: int, err_fd: int, ruleset: int) -> None:
+class Prepared:
+    """What the helper computes once, before forking, so the child does little.
+
+    Python work in a forked child is slow (copy-on-write faults on every
+    object it touches), so the child only makes system calls.
+    """
+
+    def __init__(self) -> None:
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.syscall.restype = ctypes.c_long
+        self.devnull = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+        self._filters: dict[str, tuple[ctypes.Array[ctypes.c_char], seccomp.SockFprog]] = {}
+
+    def seccomp(self, hexprog: str) -> seccomp.SockFprog:
+        if hexprog not in self._filters:
+            self._filters[hexprog] = seccomp.prepare(bytes.fromhex(hexprog))
+        return self._filters[hexprog][1]
+
+
+def _resolve(argv0: str, env: dict[str, str]) -> str:
+    if "/" in argv0:
+        return argv0
+    for d in env.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(d or ".", argv0)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return candidate
+    return argv0
+
+
+def _child(
+    req: dict[str, Any], prep: Prepared, fprog: seccomp.SockFprog, out_fd: int, err_fd: int,
+    ruleset: int, exe: str,
+) -> None:  # fmt: skip
     """In the forked child: confine, then exec. Never returns.
 
     A failure is written to the item's stderr and ends the child with 127,
     as a shell reports a command it cannot run.
     """
     stage = "setup"
+    libc = prep.libc
     try:
         os.setsid()
-        libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.set_wakeup_fd(-1)
-        devnull = os.open("/dev/null", os.O_RDONLY)
-        os.dup2(devnull, 0)
+        # Python ignores these; an ignored signal stays ignored across exec.
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+        os.dup2(prep.devnull, 0)
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
-        if ruleset != 3:
-            os.dup2(ruleset, 3)
+        os.dup2(ruleset, 3)
         os.closerange(4, 65536)
-        ruleset = 3
         stage = "rlimits"
         limits = req["rlimits"]
-        uid = req.get("uid")
+        uid = req["uid"]
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        for key, which in (
-            ("as", resource.RLIMIT_AS),
-            ("cpu", resource.RLIMIT_CPU),
-            ("fsize", resource.RLIMIT_FSIZE),
-        ):
-            if limits.get(key) is not None:
-                resource.setrlimit(which, (limits[key], limits[key]))
-        if limits.get("nproc") is not None:
+        if limits["as"] is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (limits["as"], limits["as"]))
+        if limits["cpu"] is not None:
+            resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu"], limits["cpu"]))
+        if limits["fsize"] is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limits["fsize"], limits["fsize"]))
+        if limits["nproc"] is not None:
             # RLIMIT_NPROC counts every process of the uid on the host here
             # (no user namespace): allow what exists now plus the step's share.
-            base = _count_processes(uid if uid is not None else os.getuid())
-            n = base + limits["nproc"]
+            n = _count_processes(uid if uid is not None else os.getuid()) + limits["nproc"]
             resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
         stage = "chdir"
         os.chdir(req["cwd"])
@@ -97,11 +125,11 @@ def _child(req: dict[str, Any], out_fd: int, err_fd: int, ruleset: int) -> None:
             stage = "drop capabilities"
             drop_capabilities(libc)
         stage = "landlock"
-        _landlock.enforce(ruleset)
+        _landlock.enforce(3, libc)
         stage = "seccomp"
-        seccomp.install(bytes.fromhex(req["seccomp"]))
+        seccomp.install_prepared(fprog, libc)
         stage = "exec"
-        os.execvpe(req["argv"][0], req["argv"], req["env"])
+        os.execve(exe, req["argv"], req["env"])
     except BaseException as e:  # report and vanish: the child must never return
         msg = f"stockade: cannot start the jail ({stage}): {e}\n".encode(errors="replace")
         with contextlib.suppress(OSError):
@@ -153,6 +181,7 @@ class Server:
         self.children: set[int] = set()
         #: O_PATH fds of read-only system paths, opened once for all items.
         self.path_fds: dict[str, int] = {}
+        self.prep = Prepared()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def send(self, msg: dict[str, Any]) -> None:
@@ -177,6 +206,8 @@ class Server:
         except OSError as e:
             self.send({"type": "failed", "id": req["id"], "error": f"landlock: {e}"})
             return
+        fprog = self.prep.seccomp(req["seccomp"])
+        exe = _resolve(req["argv"][0], req["env"])
         try:
             pid = os.fork()
         except OSError as e:
@@ -184,7 +215,7 @@ class Server:
             self.send({"type": "failed", "id": req["id"], "error": f"fork: {e}"})
             return
         if pid == 0:
-            _child(req, fds[0], fds[1], ruleset)
+            _child(req, self.prep, fprog, fds[0], fds[1], ruleset, exe)
         os.close(ruleset)
         self.children.add(pid)
         self.send({"type": "started", "id": req["id"], "pid": pid})
@@ -245,7 +276,12 @@ def main(fd: int) -> None:
     if os.getppid() == 1:
         sys.exit(0)  # the engine died before we set the death signal
     ctl = socket.socket(fileno=fd)
-    Server(ctl).run()
+    server = Server(ctl)
+    # Few objects, no cycles worth collecting: keep forked children from
+    # touching (and so copying) the heap for a collection.
+    gc.freeze()
+    gc.disable()
+    server.run()
 
 
 if __name__ == "__main__":

@@ -162,10 +162,11 @@ def build_ruleset(
     return fd
 
 
-def enforce(ruleset_fd: int) -> None:
+def enforce(ruleset_fd: int, libc: ctypes.CDLL | None = None) -> None:
     """Set no_new_privs and restrict the calling thread with the ruleset; closes it."""
-    libc = _libc()
-    libc.syscall.restype = ctypes.c_long
+    if libc is None:
+        libc = _libc()
+        libc.syscall.restype = ctypes.c_long
     try:
         if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")

@@ -137,10 +137,17 @@ class ForkServerClient:
             if self._sock is not None:
                 return self._sock
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            src = str(Path(__file__).resolve().parents[2])
+            here = Path(__file__).resolve().parent
+            # Load only the helper's three stdlib-only modules: stand-in
+            # package objects keep ``stockade/__init__`` and the sandbox
+            # package (threads, proxy, ...) out of the helper.
             code = (
-                f"import sys; sys.path.insert(0, {src!r}); "
-                "from stockade.sandbox._forkserver import main; main(int(sys.argv[1]))"
+                "import sys, types\n"
+                f"for name, path in (('stockade', {str(here.parent)!r}), "
+                f"('stockade.sandbox', {str(here)!r})):\n"
+                "    m = types.ModuleType(name); m.__path__ = [path]; sys.modules[name] = m\n"
+                "from stockade.sandbox._forkserver import main\n"
+                "main(int(sys.argv[1]))\n"
             )
             self._proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", code, str(theirs.fileno())],

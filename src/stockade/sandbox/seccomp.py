@@ -235,7 +235,7 @@ def decode(program: bytes) -> list[tuple[int, int, int, int]]:
     return [struct.unpack_from("<HBBI", program, i) for i in range(0, len(program), 8)]
 
 
-class _SockFprog(ctypes.Structure):
+class SockFprog(ctypes.Structure):
     _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
 
 
@@ -244,15 +244,25 @@ PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
 
 
-def install(program: bytes) -> None:
-    """Set no_new_privs and install ``program`` on the calling thread (then exec)."""
-    libc = ctypes.CDLL(None, use_errno=True)
+def prepare(program: bytes) -> tuple[ctypes.Array[ctypes.c_char], SockFprog]:
+    """The ``sock_fprog`` for ``program`` (keep the buffer alive while it is used)."""
+    buf = ctypes.create_string_buffer(program, len(program))
+    return buf, SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+
+
+def install_prepared(fprog: SockFprog, libc: ctypes.CDLL) -> None:
+    """Set no_new_privs and install a prepared filter on the calling thread."""
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    buf = ctypes.create_string_buffer(program, len(program))
-    fprog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
     if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+
+
+def install(program: bytes) -> None:
+    """Set no_new_privs and install ``program`` on the calling thread (then exec)."""
+    buf, fprog = prepare(program)
+    install_prepared(fprog, ctypes.CDLL(None, use_errno=True))
+    del buf
 
 
 def syscall_numbers(arch: str, names: Sequence[str]) -> dict[str, int]:
