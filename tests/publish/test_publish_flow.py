@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from stockade.publish import FLAT_SERIES_EVENT, PublishRequest, publish
+from stockade.publish import FLAT_SERIES_EVENT, LEASE_WAIT_EVENT, PublishRequest, publish
 from stockade.publish.sink import Write
 from stockade.publish.sql import SQLiteSink
 from stockade.store import ArtifactRecord, Effect, ItemRecord, RunRecord, Store, open_store
@@ -226,6 +226,8 @@ def test_lease_held_by_live_run_fails_after_waiting(store: Store, tmp_path: Path
     out = publish(req(tmp_path), store, clock=clock, sleep=slept.append, lease_wait=2.0)
     assert out.status == "failed" and "held by other-run (token 1)" in out.message
     assert sum(slept) >= 2.0 and not (tmp_path / "sink" / "reports.db").exists()
+    [waiting] = [e for e in store.events("A") if e.kind == LEASE_WAIT_EVENT]
+    assert (waiting.data["holder"], waiting.data["max_wait"]) == ("other-run", 2.0)
 
 
 def test_items_of_one_run_share_the_token(store: Store, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from stockade.publish.core import (
     FLAT_SERIES_EVENT,
+    LEASE_WAIT_EVENT,
     PublishOutcome,
     PublishRequest,
     check_provenance,
@@ -21,6 +22,7 @@ from stockade.publish.sink import Sink, SinkUrlError, Write, WriteResult, open_s
 
 __all__ = [
     "FLAT_SERIES_EVENT",
+    "LEASE_WAIT_EVENT",
     "PublishOutcome",
     "PublishRequest",
     "Sink",

@@ -68,6 +68,7 @@ class PublishOutcome:
 
 
 FLAT_SERIES_EVENT = "publish.flat_series"
+LEASE_WAIT_EVENT = "publish.lease_wait"
 
 
 def _failed(message: str, token: int | None = None) -> PublishOutcome:
@@ -104,6 +105,7 @@ def check_provenance(req: PublishRequest, store: Store) -> str | None:
 
 def _take_lease(
     req: PublishRequest, store: Store, holder: str, sleep: Callable[[float], None], wait: float,
+    clock: Callable[[], float],
 ) -> Lease | str:
     # Counted in sleeps, not by the clock: an injected clock may stand still.
     waited = 0.0
@@ -112,6 +114,14 @@ def _take_lease(
         lease = store.acquire_lease(req.lease, holder, req.lease_ttl, user=req.idempotency_key)
         if lease is not None:
             return lease
+        if waited == 0.0:
+            other = store.get_lease(req.lease)
+            # Say why the item is quiet: it may wait up to the lease's TTL.
+            store.add_event(Event(run_id=req.run_id, at=clock(), kind=LEASE_WAIT_EVENT, data={
+                "step": req.step, "item": req.item, "lease": req.lease,
+                "holder": other.holder if other else "", "token": other.token if other else None,
+                "expires_at": other.expires_at if other else None, "max_wait": wait,
+            }))
         if waited >= wait:
             other = store.get_lease(req.lease)
             who = f" by {other.holder} (token {other.token})" if other else ""
@@ -180,7 +190,7 @@ def _publish(
             " as new. Start a new run, or resume with --allow-stale to publish anyway"
         )
 
-    got = _take_lease(req, store, holder, sleep, lease_wait)
+    got = _take_lease(req, store, holder, sleep, lease_wait, clock)
     if isinstance(got, str):
         return _failed(got)
     lease = got
