@@ -100,32 +100,38 @@ def _ours(backend_name: str, dirs: list[Path], jobs: int) -> float:
             running = backend.start(policy, stdout=out, stderr=out)
             return running.wait(60)
 
-    one(dirs[0])  # start helpers (landlock's fork server) outside the timing
+    warm = 4  # start helpers (landlock's fork servers) outside the timing
+    for d in dirs[:warm]:
+        one(d)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(jobs) as pool:
-        codes = list(pool.map(one, dirs[1:]))
+        codes = list(pool.map(one, dirs[warm:]))
     elapsed = time.perf_counter() - t0
     bad = [c for c in codes if c != 0]
     if bad:
         raise SystemExit(f"{backend_name}: {len(bad)} items failed, e.g. status {bad[0]}")
-    return elapsed * len(dirs) / (len(dirs) - 1)
+    return elapsed * len(dirs) / (len(dirs) - warm)
 
 
-def run(backends: list[str], items: int, jobs: int) -> list[Row]:
+def run(backends: list[str], items: int, jobs: int, rounds: int = 5) -> list[Row]:
+    """Alternate anchor and ours in ``rounds`` chunks so background load hits both alike."""
     rows = []
+    chunk = max(items // rounds, 10)
     for name in backends:
         if not get_backend(name).availability().available:
             print(f"{name}: not available here ({get_backend(name).availability().reason})")
             continue
         base = Path(tempfile.mkdtemp(prefix="stockade-bench-"))
         base.chmod(0o755)
+        anchor = ours = 0.0
         try:
-            anchor_dirs = _make_items(base / "anchor", items)
-            our_dirs = _make_items(base / "ours", items)
-            anchor = _anchor(name, anchor_dirs, jobs)
-            ours = _ours(name, our_dirs, jobs)
-            assert all((d / "work" / "out" / "x").exists() for d in our_dirs)
-            rows.append(Row(name, items, jobs, anchor, ours))
+            for r in range(rounds):
+                anchor_dirs = _make_items(base / f"anchor{r}", chunk)
+                our_dirs = _make_items(base / f"ours{r}", chunk)
+                anchor += _anchor(name, anchor_dirs, jobs)
+                ours += _ours(name, our_dirs, jobs)
+                assert all((d / "work" / "out" / "x").exists() for d in our_dirs)
+            rows.append(Row(name, chunk * rounds, jobs, anchor, ours))
         finally:
             shutil.rmtree(base, ignore_errors=True)
     get_backend("landlock").close()
@@ -136,9 +142,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--items", type=int, default=1000)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--backend", action="append", choices=["bwrap", "landlock"])
     args = ap.parse_args()
-    rows = run(args.backend or ["bwrap", "landlock"], args.items, args.jobs)
+    rows = run(args.backend or ["bwrap", "landlock"], args.items, args.jobs, args.rounds)
     print(f"{'backend':<10} {'items':>6} {'jobs':>4} {'anchor s':>9} {'ours s':>8} "
           f"{'ratio':>6} {'overhead ms/item':>17}")  # fmt: skip
     for r in rows:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import gc
 import json
 import os
@@ -78,7 +79,7 @@ def _resolve(argv0: str, env: dict[str, str]) -> str:
 
 
 def _child(
-    req: dict[str, Any], prep: Prepared, fprog: seccomp.SockFprog, out_fd: int, err_fd: int,
+    req: dict[str, Any], prep: Prepared, fprog: seccomp.SockFprog | None, fds: list[int],
     ruleset: int, exe: str,
 ) -> None:  # fmt: skip
     """In the forked child: confine, then exec. Never returns.
@@ -94,11 +95,17 @@ def _child(
         # Python ignores these; an ignored signal stays ignored across exec.
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+        # fds = [stdout, stderr, *extra]; extras land on 3, 4, ... (the
+        # numbers the launch was built with), the ruleset right after them.
+        keep = [*fds[2:], *([ruleset] if ruleset >= 0 else [])]
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 1024) for fd in fds[:2] + keep]
         os.dup2(prep.devnull, 0)
-        os.dup2(out_fd, 1)
-        os.dup2(err_fd, 2)
-        os.dup2(ruleset, 3)
-        os.closerange(4, 65536)
+        os.dup2(high[0], 1)
+        os.dup2(high[1], 2)
+        for i, fd in enumerate(high[2:]):
+            os.dup2(fd, 3 + i)
+        os.closerange(3 + len(keep), 65536)
+        ruleset_fd = 2 + len(keep) if ruleset >= 0 else -1
         stage = "rlimits"
         limits = req["rlimits"]
         uid = req["uid"]
@@ -121,13 +128,15 @@ def _child(
             os.setgroups([])
             os.setgid(req["gid"])
             os.setuid(uid)
-        elif os.geteuid() == 0:
+        elif os.geteuid() == 0 and req["mode"] == "landlock":
             stage = "drop capabilities"
             drop_capabilities(libc)
-        stage = "landlock"
-        _landlock.enforce(3, libc)
-        stage = "seccomp"
-        seccomp.install_prepared(fprog, libc)
+        if ruleset_fd >= 0:
+            stage = "landlock"
+            _landlock.enforce(ruleset_fd, libc)
+        if fprog is not None:
+            stage = "seccomp"
+            seccomp.install_prepared(fprog, libc)
         stage = "exec"
         os.execve(exe, req["argv"], req["env"])
     except BaseException as e:  # report and vanish: the child must never return
@@ -192,6 +201,12 @@ class Server:
         # The ruleset is built here, from paths opened with the helper's
         # rights, so the child only enforces it; the helper does not wait for
         # the child's exec, so items set up in parallel.
+        if len(fds) < 2:
+            self.send({"type": "failed", "id": req["id"], "error": "stdout/stderr missing"})
+            return
+        if req["mode"] == "plain":  # bwrap: it confines itself
+            self._fork(req, fds, -1, None)
+            return
         try:
             ruleset = _landlock.build_ruleset(
                 req["abi"],
@@ -206,17 +221,22 @@ class Server:
         except OSError as e:
             self.send({"type": "failed", "id": req["id"], "error": f"landlock: {e}"})
             return
-        fprog = self.prep.seccomp(req["seccomp"])
+        try:
+            self._fork(req, fds, ruleset, self.prep.seccomp(req["seccomp"]))
+        finally:
+            os.close(ruleset)
+
+    def _fork(
+        self, req: dict[str, Any], fds: list[int], ruleset: int, fprog: seccomp.SockFprog | None
+    ) -> None:
         exe = _resolve(req["argv"][0], req["env"])
         try:
             pid = os.fork()
         except OSError as e:
-            os.close(ruleset)
             self.send({"type": "failed", "id": req["id"], "error": f"fork: {e}"})
             return
         if pid == 0:
-            _child(req, self.prep, fprog, fds[0], fds[1], ruleset, exe)
-        os.close(ruleset)
+            _child(req, self.prep, fprog, fds, ruleset, exe)
         self.children.add(pid)
         self.send({"type": "started", "id": req["id"], "pid": pid})
 
@@ -255,7 +275,7 @@ class Server:
                 self.reap()
             if self.ctl.fileno() in ready:
                 try:
-                    data, fds, _flags, _addr = socket.recv_fds(self.ctl, MAX_MSG, 4)
+                    data, fds, _flags, _addr = socket.recv_fds(self.ctl, MAX_MSG, 64)
                 except OSError:
                     data, fds = b"", []
                 if not data:

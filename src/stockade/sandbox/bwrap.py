@@ -41,7 +41,7 @@ from typing import IO
 
 from stockade.errors import InfraError
 from stockade.sandbox import seccomp
-from stockade.sandbox._popen import PopenJail
+from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox.base import Availability, Backend, Running
 from stockade.sandbox.policy import Policy, Resources
 
@@ -261,6 +261,7 @@ class BwrapBackend(Backend):
         self._layout: HostLayout | None = None
         self._filter: bytes | None = None
         self._etc_tmp: str | None = None
+        self._helpers = HelperPool()
 
     def availability(self) -> Availability:
         if not sys.platform.startswith("linux"):
@@ -287,12 +288,6 @@ class BwrapBackend(Backend):
             self._filter = seccomp.build_filter(seccomp.native_arch())
         return self._layout, self._filter
 
-    def close(self) -> None:
-        if self._etc_tmp is not None:
-            shutil.rmtree(self._etc_tmp, ignore_errors=True)
-            self._etc_tmp = None
-            self._layout = None
-
     def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:
         layout, program = self._prepare()
         user = group = None
@@ -307,36 +302,49 @@ class BwrapBackend(Backend):
             paths += [relay, str(policy.proxy_socket)]
         opened: list[int] = []
         try:
-            path_fds: dict[str, int] = {}
-            if user is not None:
-                for p in paths:
-                    fd = os.open(p, os.O_PATH | os.O_CLOEXEC)
-                    opened.append(fd)
-                    path_fds[p] = fd
             rfd, wfd = os.pipe()
             opened += [rfd, wfd]
             os.write(wfd, program)  # < 1 KiB: fits the pipe buffer
+            os.close(wfd)
+            opened.remove(wfd)
+            # The helper places the extra fds at 3, 4, ... in this order.
+            extra = [rfd]
+            path_fds: dict[str, int] = {}
+            if user is not None:
+                for p in dict.fromkeys(paths):
+                    fd = os.open(p, os.O_PATH | os.O_CLOEXEC)
+                    opened.append(fd)
+                    path_fds[p] = 3 + len(extra)
+                    extra.append(fd)
             argv = bwrap_argv(
                 policy,
                 layout,
-                seccomp_fd=rfd,
+                seccomp_fd=3,
                 relay_script=relay,
                 path_fds=path_fds,
                 bwrap=self._bwrap,
             )
-            return PopenJail(
-                argv,
-                cwd=policy.work_dir,
-                env=jail_env(policy),
-                stdout=stdout,
-                stderr=stderr,
-                pass_fds=(rfd, *path_fds.values()),
-                user=user,
-                group=group,
-            )
+            request = {
+                "mode": "plain",
+                "argv": argv,
+                "env": jail_env(policy),
+                "cwd": str(policy.work_dir),
+                "uid": user,
+                "gid": group,
+                "rlimits": {"as": None, "cpu": None, "nproc": None, "fsize": None},
+            }
+            job = self._helpers.spawn(request, [fileno(stdout), fileno(stderr), *extra])
+            return HelperRunning(job)
         finally:
             for fd in opened:
                 os.close(fd)
+
+    def close(self) -> None:
+        self._helpers.close()
+        if self._etc_tmp is not None:
+            shutil.rmtree(self._etc_tmp, ignore_errors=True)
+            self._etc_tmp = None
+            self._layout = None
 
 
 def running_as_root() -> bool:

@@ -22,20 +22,17 @@ Must not import runner, workspace, store or cli.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import signal
 import socket
 import stat
-import subprocess
 import sys
 import threading
-from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from stockade.errors import InfraError
 from stockade.sandbox import _landlock, seccomp
+from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox.base import Availability, Backend, Running
 from stockade.sandbox.bwrap import JAIL_GID, JAIL_UID, HostLayout, _chown_tree, proxy_env, scan_host
 from stockade.sandbox.policy import Policy
@@ -88,6 +85,7 @@ def landlock_request(
     )
     r = policy.resources
     return {
+        "mode": "landlock",
         "argv": list(policy.argv),
         "env": env,
         "cwd": str(policy.work_dir),
@@ -108,164 +106,6 @@ def landlock_request(
         "uid": uid,
         "gid": gid,
     }
-
-
-class _Job:
-    def __init__(self) -> None:
-        self.started = threading.Event()
-        self.exited = threading.Event()
-        self.pid = 0
-        self.error = ""
-        self.status: int | None = None
-
-
-class ForkServerClient:
-    """The engine's side of the fork server: start once, spawn many, close once."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._send_lock = threading.Lock()
-        self._sock: socket.socket | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._reader: threading.Thread | None = None
-        self._next_id = 0
-        self._pending: dict[int, _Job] = {}
-        self._by_pid: dict[int, _Job] = {}
-
-    def _ensure(self) -> socket.socket:
-        with self._lock:
-            if self._sock is not None:
-                return self._sock
-            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            here = Path(__file__).resolve().parent
-            # Load only the helper's three stdlib-only modules: stand-in
-            # package objects keep ``stockade/__init__`` and the sandbox
-            # package (threads, proxy, ...) out of the helper.
-            code = (
-                "import sys, types\n"
-                f"for name, path in (('stockade', {str(here.parent)!r}), "
-                f"('stockade.sandbox', {str(here)!r})):\n"
-                "    m = types.ModuleType(name); m.__path__ = [path]; sys.modules[name] = m\n"
-                "from stockade.sandbox._forkserver import main\n"
-                "main(int(sys.argv[1]))\n"
-            )
-            self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", code, str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-                env={"PATH": "/usr/bin:/bin"},
-                stdin=subprocess.DEVNULL,
-                close_fds=True,
-            )
-            theirs.close()
-            self._sock = mine
-            self._reader = threading.Thread(
-                target=self._read, name="landlock-forkserver", daemon=True
-            )
-            self._reader.start()
-            return mine
-
-    def _read(self) -> None:
-        assert self._sock is not None
-        while True:
-            try:
-                data = self._sock.recv(1 << 16)
-            except OSError:
-                data = b""
-            if not data:
-                with self._lock:
-                    jobs = list(self._pending.values()) + list(self._by_pid.values())
-                for job in jobs:
-                    job.error = job.error or "landlock exec helper exited"
-                    job.started.set()
-                    if job.status is None:
-                        job.status = -signal.SIGKILL
-                    job.exited.set()
-                return
-            msg = json.loads(data)
-            with self._lock:
-                if msg["type"] == "exited":
-                    done = self._by_pid.pop(msg["pid"], None)
-                    if done is not None:
-                        done.status = msg["status"]
-                        done.exited.set()
-                    continue
-                job = self._pending.pop(msg["id"])
-                if msg["type"] == "started":
-                    job.pid = msg["pid"]
-                    self._by_pid[job.pid] = job
-                else:
-                    job.error = msg["error"]
-                    job.status = 127
-                    job.exited.set()
-            job.started.set()
-
-    def spawn(self, request: Mapping[str, Any], fds: tuple[int, int]) -> _Job:
-        sock = self._ensure()
-        job = _Job()
-        with self._lock:
-            self._next_id += 1
-            rid = self._next_id
-            self._pending[rid] = job
-        payload = json.dumps({**request, "id": rid}).encode()
-        with self._send_lock:
-            socket.send_fds(sock, [payload], list(fds))
-        # No wait for the "started" reply: the item sets itself up while the
-        # caller goes on; ``pid`` and ``kill`` wait for it when needed.
-        return job
-
-    def close(self) -> None:
-        with self._lock:
-            sock, self._sock = self._sock, None
-        if sock is not None:
-            # shutdown, not only close: the reader thread blocked in recv()
-            # holds the file open, so close() alone would not reach the helper.
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-        if self._proc is not None:
-            try:
-                self._proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-            self._proc = None
-
-
-def _fileno(stream: IO[bytes] | int) -> int:
-    return stream if isinstance(stream, int) else stream.fileno()
-
-
-class LandlockRunning:
-    def __init__(self, job: _Job, on_exit: list[Any]) -> None:
-        self._job = job
-        self._on_exit = on_exit
-
-    @property
-    def pid(self) -> int:
-        self._job.started.wait()
-        return self._job.pid
-
-    @property
-    def error(self) -> str:
-        """Why the helper could not start the jail (empty if it did)."""
-        return self._job.error
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        if not self._job.exited.wait(timeout):
-            return None
-        while self._on_exit:
-            self._on_exit.pop()()
-        return self._job.status
-
-    def kill(self, grace: float = 2.0) -> None:
-        self._job.started.wait()
-        for sig, wait_for in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            if self._job.exited.is_set() or not self._job.pid:
-                return
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._job.pid, sig)
-            if self.wait(wait_for) is not None:
-                return
 
 
 class LoopbackRelay:
@@ -330,7 +170,7 @@ class LandlockBackend(Backend):
     def __init__(self) -> None:
         self._abi: int | None = None
         self._layout: HostLayout | None = None
-        self._server = ForkServerClient()
+        self._helpers = HelperPool()
 
     @property
     def abi(self) -> int:
@@ -410,12 +250,12 @@ class LandlockBackend(Backend):
             unix_sockets=any(_is_socket(m.source) for m in policy.mounts),
         )
         try:
-            job = self._server.spawn(request, (_fileno(stdout), _fileno(stderr)))
+            job = self._helpers.spawn(request, (fileno(stdout), fileno(stderr)))
         except BaseException:
             for hook in on_exit:
                 hook()
             raise
-        return LandlockRunning(job, on_exit)
+        return HelperRunning(job, on_exit)
 
     def close(self) -> None:
-        self._server.close()
+        self._helpers.close()
