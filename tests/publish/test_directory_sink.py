@@ -134,3 +134,29 @@ def test_publish_to_relative_directory(tmp_path: Path) -> None:
         "k0.json", "k1.json", "k2.json"]
     again = publish(PublishRequest(item=1, key="k1", payload={"i": 1}, **base), store)  # type: ignore[arg-type]
     assert again.already_applied
+
+
+def test_concurrent_writers_never_move_a_file_back(tmp_path: Path) -> None:
+    """Threads with their own store connection and shuffled tokens: under the lock
+    a file only ever moves to a higher token, and the lower writers are told so."""
+    import threading
+
+    out, store_path = tmp_path / "out", tmp_path / "s.db"
+    tokens = [4, 1, 6, 2, 5, 3]
+    results: dict[int, list[str]] = {}
+    barrier = threading.Barrier(len(tokens))
+
+    def go(t: int) -> None:
+        sink = DirectorySink(out, SQLiteStore(store_path))
+        barrier.wait()
+        results[t] = [sink.write(w(f"r{t}", t, key=f"k{j}", item=j)).status for j in range(4)]
+
+    threads = [threading.Thread(target=go, args=(t,)) for t in tokens]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert {read(out, f"k{j}")["fencing_token"] for j in range(4)} == {6}
+    assert results[6] == ["applied"] * 4
+    assert all(s in ("applied", "fenced") for r in results.values() for s in r)
+    assert list(out.glob(".*.tmp-*")) == []

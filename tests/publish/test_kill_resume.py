@@ -40,9 +40,11 @@ steps:
 """
 
 
-def stockade(tmp_path: Path, *args: str, wait: bool = True) -> Any:
+def stockade(tmp_path: Path, *args: str, wait: bool = True, store: str | None = None) -> Any:
     env = {**os.environ, "STOCKADE_SANDBOX": "none", "STOCKADE_HOME": str(tmp_path / "root")}
     env.pop("STOCKADE_STORE", None)
+    if store:
+        env["STOCKADE_STORE"] = store
     cmd = [*CLI, *args]
     if wait:
         return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
@@ -180,3 +182,33 @@ def test_older_run_publishing_last_is_fenced(tmp_path: Path) -> None:
     shown = stockade(tmp_path, "show", "old", "publish/0")
     assert "fenced" in shown.stdout + shown.stderr
     assert "token 1" in shown.stdout + shown.stderr
+
+
+def test_kill_9_mid_fanout_then_resume_postgresql(tmp_path: Path, pg_url: str) -> None:
+    """The same with the run store and the sink table in PostgreSQL."""
+    import psycopg
+
+    (tmp_path / "wf.yaml").write_text(WORKFLOW.format(n=ITEMS, to=pg_url + "&table=daily"))
+
+    def landed() -> list[tuple[str, str]]:
+        with psycopg.connect(pg_url) as conn:
+            try:
+                return list(conn.execute(  # type: ignore[arg-type]
+                    "SELECT idempotency_key, run_id FROM stockade_sink_effects"))
+            except psycopg.errors.UndefinedTable:
+                return []
+
+    proc = stockade(tmp_path, "run", "wf.yaml", "--run-id", "pg-1", "--jobs", "4", wait=False,
+                    store=pg_url)
+    kill_when(proc, lambda: len(landed()) >= 5)
+    assert len(landed()) < ITEMS
+    done = stockade(tmp_path, "resume", "pg-1", "--jobs", "4", store=pg_url)
+    assert done.returncode == 0, done.stderr
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute("SELECT key, run_id FROM daily ORDER BY key").fetchall()
+        effects = conn.execute(
+            "SELECT count(*), count(*) FILTER (WHERE status = 'done') FROM stockade_effects"
+            " WHERE run_id = 'pg-1'").fetchone()
+    assert rows == [(f"r{i:02d}", "pg-1") for i in range(ITEMS)]
+    assert sorted(k for k, _ in landed()) == sorted(f"pg-1/publish/{i}" for i in range(ITEMS))
+    assert effects == (ITEMS, ITEMS)
