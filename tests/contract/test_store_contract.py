@@ -337,3 +337,21 @@ def test_open_store_default_and_sqlite_url(tmp_path: Path, monkeypatch: pytest.M
     s = open_store(f"sqlite:///{tmp_path}/abs.db", tmp_path)
     assert (tmp_path / "abs.db").exists()
     s.close()
+
+
+def test_store_survives_fork(store: Store) -> None:
+    """A child made by fork() gets its own connections, and the parent's still work."""
+    import os
+
+    store.create_run(run("parent"))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        try:
+            store.create_run(run("child"))
+            code = 0 if store.get_run("parent") is not None else 1
+        except BaseException:
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert {r.run_id for r in store.list_runs()} == {"parent", "child"}

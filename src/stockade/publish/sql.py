@@ -18,6 +18,7 @@ Must not import runner, workspace, sandbox or cli.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -197,7 +198,8 @@ _DDL_LOCK = 0x5707CAFE
 
 # Connections kept between publishes of one process: a PostgreSQL connection is
 # a forked server process, far dearer than the fenced write itself.
-_idle: dict[str, list[psycopg.Connection[tuple[Any, ...]]]] = {}
+# Keyed by process id too: a connection inherited through fork() is the parent's.
+_idle: dict[tuple[int, str], list[psycopg.Connection[tuple[Any, ...]]]] = {}
 _ensured: set[tuple[str, str]] = set()
 _pool_lock = threading.Lock()
 _POOL_SIZE = 4
@@ -223,7 +225,7 @@ class PostgresSink(_SqlSink):
         if self._conn is not None and not self._conn.closed:
             return self._conn
         with _pool_lock:
-            idle = _idle.get(self.conninfo, [])
+            idle = _idle.get((os.getpid(), self.conninfo), [])
             conn = idle.pop() if idle else None
             ensured = (self.conninfo, self.table) in _ensured
         try:
@@ -277,7 +279,7 @@ class PostgresSink(_SqlSink):
             return
         if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             with _pool_lock:
-                idle = _idle.setdefault(self.conninfo, [])
+                idle = _idle.setdefault((os.getpid(), self.conninfo), [])
                 if len(idle) < _POOL_SIZE:
                     idle.append(conn)
                     return

@@ -11,6 +11,7 @@ Must not import runner, workspace, sandbox or cli.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -73,6 +74,7 @@ class PostgresStore(Store):
         self.conninfo = conninfo
         self._pool_size = pool_size
         self._idle: list[psycopg.Connection[tuple[Any, ...]]] = []
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._closed = False
         with self._conn() as conn, conn.transaction():
@@ -84,6 +86,9 @@ class PostgresStore(Store):
     @contextmanager
     def _conn(self) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
         with self._lock:
+            if self._pid != os.getpid():
+                # Forked: the idle connections belong to the parent; leave them be.
+                self._idle, self._pid = [], os.getpid()
             conn = self._idle.pop() if self._idle else None
         if conn is None or conn.closed:
             conn = connect(self.conninfo)
