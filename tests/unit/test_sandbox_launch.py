@@ -70,13 +70,13 @@ ARGV_CASES = [
         ],
     ),
     (
-        "resources and work bound by fd",
+        "resources and work bridged",
         policy(resources=Resources(memory_bytes=1 << 28, cpu_seconds=9, processes=64,
                                    file_size_bytes=1 << 20)),
-        {str(WORK): 7},
+        {str(WORK): "/tmp/bridge/1"},
         [
             *HEAD, *SYSTEM, *FRESH,
-            "--bind-fd", "7", str(WORK), "--chdir", str(WORK), "--seccomp", "5", "--",
+            "--bind", "/tmp/bridge/1", str(WORK), "--chdir", str(WORK), "--seccomp", "5", "--",
             "/usr/bin/prlimit", "--as=268435456", "--cpu=9", "--nproc=64", "--fsize=1048576",
             "--core=0", "--",
             "/bin/sh", "-c", "echo hi",
@@ -102,8 +102,8 @@ ARGV_CASES = [
 @pytest.mark.parametrize(
     ("name", "pol", "fds", "expected"), ARGV_CASES, ids=[c[0] for c in ARGV_CASES]
 )
-def test_bwrap_argv_exact(name: str, pol: Policy, fds: dict[str, int], expected: list[str]) -> None:
-    argv = bwrap_argv(pol, LAYOUT, seccomp_fd=5, relay_script="/src/_relay.py", path_fds=fds)
+def test_bwrap_argv_exact(name: str, pol: Policy, fds: dict[str, str], expected: list[str]) -> None:
+    argv = bwrap_argv(pol, LAYOUT, seccomp_fd=5, relay_script="/src/_relay.py", sources=fds)
     assert argv == expected
     assert not any(SECRET in a for a in argv)
 
@@ -111,7 +111,7 @@ def test_bwrap_argv_exact(name: str, pol: Policy, fds: dict[str, int], expected:
 @pytest.mark.parametrize("forbidden", ["/etc/shadow", "/run", "/root", "/home", "/var"])
 def test_bwrap_never_binds_sensitive_host_paths(forbidden: str) -> None:
     for _, pol, fds, _ in ARGV_CASES:
-        argv = bwrap_argv(pol, LAYOUT, seccomp_fd=5, relay_script="/src/_relay.py", path_fds=fds)
+        argv = bwrap_argv(pol, LAYOUT, seccomp_fd=5, relay_script="/src/_relay.py", sources=fds)
         sources = [argv[i + 1] for i, a in enumerate(argv) if a in ("--bind", "--ro-bind")]
         assert not any(s == forbidden or s.startswith(forbidden + "/") for s in sources
                        if not s.startswith("/run/resolvconf") and not s.startswith("/run/x")

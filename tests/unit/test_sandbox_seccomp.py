@@ -156,6 +156,16 @@ def test_setsid_refused_without_pid_namespace(no_pidns: bool, expected: int) -> 
         assert run_bpf(prog, seccomp.SYSCALLS["x86_64"][name], ARCH["x86_64"]) == expected
 
 
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("name", seccomp.DENIED_IDENTITY)
+def test_identity_changes_refused_without_pid_namespace(arch: str, name: str) -> None:
+    nr = seccomp.SYSCALLS[arch][name]
+    with_ns = seccomp.build_filter(arch)
+    without = seccomp.build_filter(arch, seccomp.FilterOptions(no_pidns=True))
+    assert run_bpf(with_ns, nr, ARCH[arch]) == ALLOW
+    assert run_bpf(without, nr, ARCH[arch]) == EPERM
+
+
 def test_program_starts_with_the_arch_check() -> None:
     insns = seccomp.decode(seccomp.build_filter("x86_64"))
     assert insns[0] == (0x20, 0, 0, 4)

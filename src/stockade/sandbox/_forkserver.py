@@ -34,18 +34,23 @@ from typing import Any
 
 from stockade.sandbox import _landlock, seccomp
 
+JAIL_UID = 65534
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 MAX_MSG = 1 << 20
 
 
 def _count_processes(uid: int) -> int:
+    """Processes whose *real* uid is ``uid`` (what RLIMIT_NPROC counts)."""
     n = 0
+    prefix = f"Uid:\t{uid}\t".encode()
     for name in os.listdir("/proc"):
         if name.isdigit():
-            with contextlib.suppress(OSError):
-                if os.stat(f"/proc/{name}").st_uid == uid:
-                    n += 1
+            with contextlib.suppress(OSError), open(f"/proc/{name}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Uid:"):
+                        n += line.startswith(prefix)
+                        break
     return n
 
 
@@ -66,6 +71,18 @@ class Prepared:
         if hexprog not in self._filters:
             self._filters[hexprog] = seccomp.prepare(bytes.fromhex(hexprog))
         return self._filters[hexprog][1]
+
+
+def _bridge(libc: ctypes.CDLL, bridges: list[list[str]]) -> None:
+    """In a private mount namespace, bind each source onto its reachable bridge point."""
+    CLONE_NEWNS, MS_BIND, MS_REC, MS_PRIVATE = 0x20000, 0x1000, 0x4000, 0x40000
+    if libc.unshare(CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount(MS_PRIVATE)")
+    for source, point in bridges:
+        if libc.mount(source.encode(), point.encode(), None, MS_BIND | MS_REC, None) != 0:
+            raise OSError(ctypes.get_errno(), f"bind {source}")
 
 
 def _resolve(argv0: str, env: dict[str, str]) -> str:
@@ -119,17 +136,25 @@ def _child(
         if limits["nproc"] is not None:
             # RLIMIT_NPROC counts every process of the uid on the host here
             # (no user namespace): allow what exists now plus the step's share.
-            n = _count_processes(uid if uid is not None else os.getuid()) + limits["nproc"]
+            counted = uid if uid is not None else JAIL_UID if os.geteuid() == 0 else os.getuid()
+            n = _count_processes(counted) + limits["nproc"]
             resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
         stage = "chdir"
         os.chdir(req["cwd"])
+        if req.get("bridges"):
+            stage = "bridge mounts"
+            _bridge(libc, req["bridges"])
         if uid is not None:
             stage = "setuid"
             os.setgroups([])
             os.setgid(req["gid"])
             os.setuid(uid)
         elif os.geteuid() == 0 and req["mode"] == "landlock":
+            # Keep euid 0 for file access (paths only root can reach) but
+            # count processes against nobody: host root is exempt from
+            # RLIMIT_NPROC. seccomp refuses setting the real uid back.
             stage = "drop capabilities"
+            os.setresuid(JAIL_UID, 0, 0)
             drop_capabilities(libc)
         if ruleset_fd >= 0:
             stage = "landlock"

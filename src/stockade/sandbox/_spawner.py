@@ -69,6 +69,9 @@ class ForkServerClient:
                 env={"PATH": "/usr/bin:/bin"},
                 stdin=subprocess.DEVNULL,
                 close_fds=True,
+                # Its own session: a Ctrl-C to the engine's process group must
+                # not reach the helper (it dies with the engine instead).
+                start_new_session=True,
             )
             theirs.close()
             self._sock = mine

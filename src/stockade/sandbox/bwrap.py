@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -182,22 +183,19 @@ def bwrap_argv(
     *,
     seccomp_fd: int,
     relay_script: str | None = None,
-    path_fds: Mapping[str, int] | None = None,
+    sources: Mapping[str, str] | None = None,
     bwrap: str = "bwrap",
 ) -> list[str]:
     """The bubblewrap command line for ``policy``. Pure: no I/O, no environment values.
 
-    ``path_fds`` maps host paths the engine opened (``O_PATH``) to fd numbers
-    passed to bwrap: it then binds the fd (``--bind-fd``), so a jail uid that
-    cannot traverse the engine's directories still gets its ``work/``.
+    ``sources`` replaces host source paths the jail's uid cannot reach with
+    bridge paths (see ``BwrapBackend.start``); destinations never change.
     """
-    fds = path_fds or {}
+    remap = sources or {}
     work = str(policy.work_dir)
 
     def bind(src: str, dest: str, writable: bool) -> list[str]:
-        if src in fds:
-            return ["--bind-fd" if writable else "--ro-bind-fd", str(fds[src]), dest]
-        return ["--bind" if writable else "--ro-bind", src, dest]
+        return ["--bind" if writable else "--ro-bind", remap.get(src, src), dest]
 
     argv = [bwrap, "--unshare-all", "--unshare-user"]
     if policy.network == "open":
@@ -246,6 +244,29 @@ def bwrap_argv(
     return argv
 
 
+def reachable_by_others(path: Path) -> bool:
+    """Other users can search every directory down to ``path`` and use ``path`` itself."""
+    try:
+        resolved = path.resolve()
+        for parent in resolved.parents:
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                return False
+        mode = os.stat(resolved).st_mode
+    except OSError:
+        return False
+    if stat.S_ISDIR(mode):
+        return bool(mode & stat.S_IXOTH and mode & stat.S_IROTH)
+    if stat.S_ISSOCK(mode):
+        return bool(mode & stat.S_IWOTH)
+    return bool(mode & stat.S_IROTH)
+
+
+def _remove_points(points: Sequence[str]) -> None:
+    for p in points:
+        parent = os.path.dirname(p) if not os.path.isdir(p) else p
+        shutil.rmtree(parent, ignore_errors=True)
+
+
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
     os.chown(root, uid, gid)
     for dirpath, dirnames, filenames in os.walk(root):
@@ -261,6 +282,7 @@ class BwrapBackend(Backend):
         self._layout: HostLayout | None = None
         self._filter: bytes | None = None
         self._etc_tmp: str | None = None
+        self._bridge_root: str | None = None
         self._helpers = HelperPool()
 
     def availability(self) -> Availability:
@@ -284,6 +306,8 @@ class BwrapBackend(Backend):
         if self._layout is None or self._filter is None:
             self._etc_tmp = tempfile.mkdtemp(prefix="stockade-etc-")
             os.chmod(self._etc_tmp, 0o755)
+            self._bridge_root = tempfile.mkdtemp(prefix="stockade-bridge-")
+            os.chmod(self._bridge_root, 0o755)
             self._layout = build_etc(scan_host(), Path(self._etc_tmp) / "etc")
             self._filter = seccomp.build_filter(seccomp.native_arch())
         return self._layout, self._filter
@@ -300,28 +324,27 @@ class BwrapBackend(Backend):
             paths.append(layout.etc_dir)
         if policy.network == "proxy":
             paths += [relay, str(policy.proxy_socket)]
-        opened: list[int] = []
+        # bwrap runs as the jail uid and resolves its sources with that uid's
+        # rights (even for --bind-fd), so a source below a directory only
+        # root may search (a pytest tmp dir, /root/...) is first bind-mounted
+        # onto a reachable bridge path in a private mount namespace of the
+        # helper's child; bwrap then binds the bridge.
+        bridges: list[tuple[str, str]] = []
+        if user is not None:
+            for p in dict.fromkeys(paths):
+                if not reachable_by_others(Path(p)):
+                    bridges.append((p, self._bridge_point(p)))
+        rfd, wfd = os.pipe()
         try:
-            rfd, wfd = os.pipe()
-            opened += [rfd, wfd]
             os.write(wfd, program)  # < 1 KiB: fits the pipe buffer
             os.close(wfd)
-            opened.remove(wfd)
-            # The helper places the extra fds at 3, 4, ... in this order.
-            extra = [rfd]
-            path_fds: dict[str, int] = {}
-            if user is not None:
-                for p in dict.fromkeys(paths):
-                    fd = os.open(p, os.O_PATH | os.O_CLOEXEC)
-                    opened.append(fd)
-                    path_fds[p] = 3 + len(extra)
-                    extra.append(fd)
+            wfd = -1
             argv = bwrap_argv(
                 policy,
                 layout,
-                seccomp_fd=3,
+                seccomp_fd=3,  # the helper places the first extra fd at 3
                 relay_script=relay,
-                path_fds=path_fds,
+                sources=dict(bridges),
                 bwrap=self._bwrap,
             )
             request = {
@@ -331,16 +354,32 @@ class BwrapBackend(Backend):
                 "cwd": str(policy.work_dir),
                 "uid": user,
                 "gid": group,
+                "bridges": bridges,
                 "rlimits": {"as": None, "cpu": None, "nproc": None, "fsize": None},
             }
-            job = self._helpers.spawn(request, [fileno(stdout), fileno(stderr), *extra])
-            return HelperRunning(job)
+            job = self._helpers.spawn(request, [fileno(stdout), fileno(stderr), rfd])
         finally:
-            for fd in opened:
-                os.close(fd)
+            os.close(rfd)
+            if wfd != -1:
+                os.close(wfd)
+        points = [b for _, b in bridges]
+        return HelperRunning(job, [lambda: _remove_points(points)] if points else None)
+
+    def _bridge_point(self, source: str) -> str:
+        assert self._bridge_root is not None
+        point = Path(tempfile.mkdtemp(dir=self._bridge_root))
+        point.chmod(0o755)
+        if os.path.isdir(source):
+            return str(point)
+        target = point / "f"
+        target.touch(0o644)
+        return str(target)
 
     def close(self) -> None:
         self._helpers.close()
+        if self._bridge_root is not None:
+            shutil.rmtree(self._bridge_root, ignore_errors=True)
+            self._bridge_root = None
         if self._etc_tmp is not None:
             shutil.rmtree(self._etc_tmp, ignore_errors=True)
             self._etc_tmp = None

@@ -34,7 +34,15 @@ from stockade.errors import InfraError
 from stockade.sandbox import _landlock, seccomp
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox.base import Availability, Backend, Running
-from stockade.sandbox.bwrap import JAIL_GID, JAIL_UID, HostLayout, _chown_tree, proxy_env, scan_host
+from stockade.sandbox.bwrap import (
+    JAIL_GID,
+    JAIL_UID,
+    HostLayout,
+    _chown_tree,
+    proxy_env,
+    reachable_by_others,
+    scan_host,
+)
 from stockade.sandbox.policy import Policy
 
 #: Device files a jail may read and write; random sources it may read.
@@ -140,23 +148,6 @@ class LoopbackRelay:
             os.close(self._target_fd)
 
 
-def _reachable_by_others(path: Path) -> bool:
-    """Other users can search every directory down to ``path`` and use ``path`` itself."""
-    try:
-        resolved = path.resolve()
-        for parent in resolved.parents:
-            if not os.stat(parent).st_mode & stat.S_IXOTH:
-                return False
-        mode = os.stat(resolved).st_mode
-    except OSError:
-        return False
-    if stat.S_ISDIR(mode):
-        return bool(mode & stat.S_IXOTH and mode & stat.S_IROTH)
-    if stat.S_ISSOCK(mode):
-        return bool(mode & stat.S_IWOTH)
-    return bool(mode & stat.S_IROTH)
-
-
 def _is_socket(path: Path) -> bool:
     try:
         return stat.S_ISSOCK(path.stat().st_mode)
@@ -224,7 +215,7 @@ class LandlockBackend(Backend):
         for sub in ("home", "tmp"):
             (policy.scratch_dir / sub).mkdir(parents=True, exist_ok=True)
         needed = [policy.work_dir, policy.scratch_dir, *(m.source for m in policy.mounts)]
-        if os.geteuid() == 0 and all(_reachable_by_others(p) for p in needed):
+        if os.geteuid() == 0 and all(reachable_by_others(p) for p in needed):
             # Host root is exempt from RLIMIT_NPROC and owns everything: run
             # as nobody. When a needed path is reachable only by root (a
             # runtime dir under /root), the helper keeps uid 0 but drops

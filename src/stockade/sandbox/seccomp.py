@@ -83,6 +83,13 @@ DENIED: tuple[str, ...] = (
 #: Extra calls refused where the jail has no pid namespace (landlock): a step
 #: that starts its own session or group would escape the timeout's killpg.
 DENIED_WITHOUT_PIDNS: tuple[str, ...] = ("setsid", "setpgid")
+#: Also refused there: identity changes. A jail that keeps euid 0 (root
+#: engine, root-only paths) runs with real uid nobody so RLIMIT_NPROC
+#: applies; it must not be able to set its real uid back.
+DENIED_IDENTITY: tuple[str, ...] = (
+    "setuid", "setreuid", "setresuid", "setfsuid",
+    "setgid", "setregid", "setresgid", "setfsgid", "setgroups",
+)  # fmt: skip
 
 SYSCALLS: dict[str, dict[str, int]] = {
     "x86_64": {
@@ -100,7 +107,9 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "clock_adjtime": 305, "adjtimex": 159, "sethostname": 170, "setdomainname": 171,
         "iopl": 172, "ioperm": 173, "uselib": 134, "io_uring_setup": 425,
         "io_uring_enter": 426, "io_uring_register": 427, "ioctl": 16, "socket": 41,
-        "setsid": 112, "setpgid": 109,
+        "setsid": 112, "setpgid": 109, "setuid": 105, "setreuid": 113, "setresuid": 117,
+        "setfsuid": 122, "setgid": 106, "setregid": 114, "setresgid": 119, "setfsgid": 123,
+        "setgroups": 116,
     },
     "aarch64": {
         "unshare": 97, "setns": 268, "clone": 220, "clone3": 435, "mount": 40,
@@ -116,7 +125,9 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "lookup_dcookie": 18, "settimeofday": 170, "clock_settime": 112,
         "clock_adjtime": 266, "adjtimex": 171, "sethostname": 161, "setdomainname": 162,
         "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-        "ioctl": 29, "socket": 198, "setsid": 157, "setpgid": 154,
+        "ioctl": 29, "socket": 198, "setsid": 157, "setpgid": 154, "setuid": 146,
+        "setreuid": 145, "setresuid": 147, "setfsuid": 151, "setgid": 144, "setregid": 143,
+        "setresgid": 149, "setfsgid": 152, "setgroups": 159,
     },
 }  # fmt: skip
 
@@ -193,7 +204,9 @@ def build_filter(arch: str, opts: FilterOptions = FilterOptions()) -> bytes:
     ]
     if arch == "x86_64":
         prog += [_ins(JGE_K, 0, 1, X32_SYSCALL_BIT), _ins(RET_K, 0, 0, RET_KILL_PROCESS)]
-    denied = list(DENIED) + (list(DENIED_WITHOUT_PIDNS) if opts.no_pidns else [])
+    denied = list(DENIED)
+    if opts.no_pidns:
+        denied += [*DENIED_WITHOUT_PIDNS, *DENIED_IDENTITY]
     for name in denied:
         if name in table:
             prog += [_ins(JEQ_K, 0, 1, table[name]), _ins(RET_K, 0, 0, _errno(errno.EPERM))]
