@@ -471,3 +471,20 @@ def test_exit_status_is_reported(world: World) -> None:
     assert world.run("exit 7").status == 7
     # bwrap's init reports a signal death as 128+N, like a shell.
     assert world.run("kill -9 $$").status in (-9, 128 + 9)
+
+
+def test_vsock_to_the_hypervisor_fails(world: World) -> None:
+    # vsock is not network-namespaced: only seccomp keeps a jail off the
+    # host side of a VM (CID 2).
+    r = world.py(
+        "import socket\n"
+        "try:\n"
+        "    s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)\n"
+        "    s.settimeout(2)\n"
+        "    s.connect((2, 2024))\n"
+        "    print('connected')\n"
+        "except OSError as e:\n"
+        "    print('blocked', e.errno)\n"
+    )
+    assert "connected" not in r.out
+    assert "blocked 13" in r.out, r.both  # EACCES from seccomp, before any connect

@@ -105,7 +105,8 @@ CASES = [
     ("aarch64", "clone3", (), ENOSYS),
     ("aarch64", "ioctl", (0, 0x5412), EPERM),
     ("aarch64", 63, (), ALLOW),  # read
-    ("x86_64", "socket", (2, 1), ALLOW),  # default options leave sockets alone
+    ("x86_64", "socket", (2, 1), ALLOW),  # default: the jail has its own netns
+    ("x86_64", "socket", (40, 1), EACCES),  # but vsock is not namespaced
     ("x86_64", "setsid", (), ALLOW),
 ]
 
@@ -129,7 +130,13 @@ SOCKETS = [
     (seccomp.FilterOptions(sockets="none"), 2, 1, EACCES),
     (seccomp.FilterOptions(sockets="none"), 10, 2, EACCES),
     (seccomp.FilterOptions(sockets="none"), 1, 1, EACCES),
-    (seccomp.FilterOptions(sockets="none"), 16, 3, ALLOW),  # netlink
+    (seccomp.FilterOptions(sockets="none"), 16, 3, EACCES),  # netlink: an allowlist
+    (seccomp.FilterOptions(sockets="none"), 40, 1, EACCES),  # vsock
+    (seccomp.FilterOptions(sockets="tcp"), 40, 1, EACCES),
+    (seccomp.FilterOptions(sockets="all"), 40, 1, EACCES),  # vsock ignores netns
+    (seccomp.FilterOptions(sockets="all"), 16, 3, ALLOW),
+    (seccomp.FilterOptions(sockets="tcp", allow_unix=True), 1, 1, ALLOW),
+    (seccomp.FilterOptions(sockets="tcp", allow_unix=True), 2, 2, EACCES),
     (seccomp.FilterOptions(sockets="none", allow_unix=True), 1, 1, ALLOW),
     (seccomp.FilterOptions(sockets="tcp"), 2, 1, ALLOW),
     (seccomp.FilterOptions(sockets="tcp"), 2, 1 | 0x80000 | 0x800, ALLOW),  # CLOEXEC|NONBLOCK

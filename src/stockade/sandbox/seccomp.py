@@ -63,6 +63,7 @@ TIOCLINUX = 0x541C
 AF_UNIX = 1
 AF_INET = 2
 AF_INET6 = 10
+AF_VSOCK = 40
 SOCK_STREAM = 1
 
 #: Syscalls refused with EPERM on every backend, by name.
@@ -147,11 +148,11 @@ def native_arch() -> str:
 class FilterOptions:
     """What varies between backends.
 
-    ``sockets``: ``"all"`` leaves socket() alone (the jail has its own empty
-    network namespace, or the network is open); ``"tcp"`` allows only
-    AF_INET/AF_INET6 stream sockets (landlock limits their ports) and
-    refuses AF_UNIX; ``"none"`` refuses AF_INET, AF_INET6 and AF_UNIX.
-    ``allow_unix`` re-allows AF_UNIX sockets (a mounted broker socket).
+    ``sockets``: ``"all"`` allows every family but AF_VSOCK (the jail has
+    its own empty network namespace, or the network is open); ``"tcp"``
+    allows only AF_INET/AF_INET6 stream sockets (landlock limits their
+    ports); ``"none"`` allows no socket family at all. ``allow_unix`` adds
+    AF_UNIX sockets (a mounted broker socket). ``socketpair`` is unaffected.
     """
 
     sockets: str = "all"
@@ -168,28 +169,30 @@ def _errno(value: int) -> int:
 
 
 def _socket_block(opts: FilterOptions) -> list[tuple[int, int, int, int]]:
-    """Checks after ``A = socket's family``; every path ends in a return."""
-    body: list[tuple[int, int, int, int]] = []
-    deny = _errno(errno.EACCES)
-    if not opts.allow_unix:
-        body += [_ins(JEQ_K, 0, 1, AF_UNIX), _ins(RET_K, 0, 0, deny)]
-    if opts.sockets == "none":
-        body += [
-            _ins(JEQ_K, 0, 1, AF_INET), _ins(RET_K, 0, 0, deny),
-            _ins(JEQ_K, 0, 1, AF_INET6), _ins(RET_K, 0, 0, deny),
-        ]  # fmt: skip
-    elif opts.sockets == "tcp":
-        # Family AF_INET or AF_INET6 -> check the type; anything else allowed.
+    """Checks on socket()'s family (and type); every path ends in a return.
+
+    ``AF_VSOCK`` is refused in every mode: vsock is not network-namespaced,
+    so even a jail with an empty network namespace could reach the
+    hypervisor's services on a VM. Without an open network the families are
+    an allowlist: AF_UNIX only when asked for, and TCP for the proxy.
+    """
+    deny = _ins(RET_K, 0, 0, _errno(errno.EACCES))
+    allow = _ins(RET_K, 0, 0, RET_ALLOW)
+    body: list[tuple[int, int, int, int]] = [_ins(LD_W_ABS, 0, 0, arg_lo(0))]
+    if opts.sockets == "all":
+        return [*body, _ins(JEQ_K, 0, 1, AF_VSOCK), deny, allow]
+    if opts.allow_unix:
+        body += [_ins(JEQ_K, 0, 1, AF_UNIX), allow]
+    if opts.sockets == "tcp":
         body += [
             _ins(JEQ_K, 1, 0, AF_INET),
             _ins(JEQ_K, 0, 4, AF_INET6),
             _ins(LD_W_ABS, 0, 0, arg_lo(1)),
             _ins(AND_K, 0, 0, 0xF),  # strip SOCK_NONBLOCK / SOCK_CLOEXEC
-            _ins(JEQ_K, 1, 0, SOCK_STREAM),
-            _ins(RET_K, 0, 0, deny),
+            _ins(JEQ_K, 0, 1, SOCK_STREAM),
+            allow,
         ]
-    body.append(_ins(RET_K, 0, 0, RET_ALLOW))
-    return [_ins(LD_W_ABS, 0, 0, arg_lo(0)), *body]
+    return [*body, deny]
 
 
 @functools.lru_cache(maxsize=32)
@@ -234,8 +237,7 @@ def build_filter(arch: str, opts: FilterOptions = FilterOptions()) -> bytes:
             ],
         ),
     ]
-    if opts.sockets != "all":
-        blocks.append((table["socket"], _socket_block(opts)))
+    blocks.append((table["socket"], _socket_block(opts)))
     for nr, body in blocks:
         prog.append(_ins(JEQ_K, 0, len(body), nr))
         prog += body
