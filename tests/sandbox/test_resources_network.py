@@ -193,3 +193,48 @@ def test_network_none_reaches_nothing(world: World, servers: tuple[int, int]) ->
     r = world.run("curl -sS --max-time 3 http://127.0.0.1:$1/; echo curl=$?", str(aport))
     assert "allowed-content" not in r.out
     assert "curl=0" not in r.out
+
+
+def test_swapping_the_proxy_socket_for_a_symlink_reaches_nothing_else(
+    world: World, servers: tuple[int, int]
+) -> None:
+    """The runner keeps the proxy socket in the item's scratch dir, which a
+    landlock jail can write: a symlink planted there must not redirect the
+    engine's relay to another host socket (say, a container daemon's)."""
+    import socket as socketlib
+
+    scratch = world.base / "scratch"
+    scratch.mkdir(exist_ok=True)
+    proxy = EgressProxy([f"localhost:{servers[0]}"], world.meta / "egress.jsonl", scratch)
+    proxy.start()
+    daemon_path = world.base / "daemon.sock"
+    daemon = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    daemon.bind(str(daemon_path))
+    daemon_path.chmod(0o777)
+    daemon.listen(4)
+    daemon.settimeout(0.5)
+    try:
+        r = world.run(
+            'sock="$1"; rm -f "$sock"; ln -s "$2" "$sock"; ls -l "$sock"; '
+            "curl -sS --max-time 5 http://localhost:$3/; echo curl=$?",
+            str(proxy.socket_path),
+            str(daemon_path),
+            str(servers[0]),
+            network="proxy",
+            proxy_socket=proxy.socket_path,
+        )
+        try:
+            conn, _ = daemon.accept()
+            conn.close()
+            reached = True
+        except OSError:
+            reached = False
+    finally:
+        daemon.close()
+        proxy.close()
+    assert not reached, r.both
+    assert world.canary not in r.both
+    if world.backend.name == "landlock":
+        # The swap happened (scratch is writable) and egress still goes to
+        # the real proxy: the relay holds the socket by fd, not by name.
+        assert "->" in r.out and "allowed-content" in r.out, r.both
