@@ -214,3 +214,8 @@ def test_ulimit_prefix() -> None:
     assert ulimit_prefix(Resources(memory_bytes=2048, file_size_bytes=1024)) == [
         "/bin/sh", "-c", 'ulimit -v 2; ulimit -f 2; exec "$0" "$@"',
     ]  # fmt: skip
+
+
+def test_landlock_refuses_remapped_mounts() -> None:
+    with pytest.raises(InfraError, match="host path"):
+        landlock_request(policy(mounts=(ExtraMount(Path("/opt/py"), "/py"),)), abi=7, layout=LAYOUT)

@@ -62,6 +62,12 @@ def landlock_request(
     unix_sockets: bool = False,
 ) -> dict[str, Any]:
     """The fork server request for ``policy``. Pure: no I/O."""
+    for m in policy.mounts:
+        if m.target != str(m.source):
+            raise InfraError(
+                f"landlock cannot show {m.source} at {m.target} (no mount namespace): "
+                "mount it at its host path"
+            )
     scratch = str(policy.scratch_dir)
     env = dict(policy.env)
     env["HOME"] = f"{scratch}/home"
