@@ -488,3 +488,11 @@ def test_vsock_to_the_hypervisor_fails(world: World) -> None:
     )
     assert "connected" not in r.out
     assert "blocked 13" in r.out, r.both  # EACCES from seccomp, before any connect
+
+
+def test_private_keys_under_etc_are_not_in_the_jail(world: World) -> None:
+    r = world.run(
+        "ls -la /etc/ssl /etc/ssl/private; cat /etc/ssl/private/*; ls /etc/ssl/certs | head -3"
+    )
+    assert "PRIVATE KEY" not in r.out
+    assert "ssl-cert-snakeoil.key" not in r.out

@@ -62,8 +62,9 @@ SYSTEM_DIRS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib
 #: Debian alternatives symlinks that ``/usr/bin`` points into.
 ETC_FILES: tuple[str, ...] = (
     "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf",
-    "hosts", "host.conf", "gai.conf", "localtime", "timezone", "ssl", "ca-certificates",
-    "ca-certificates.conf", "pki", "alternatives", "os-release", "debian_version",
+    "hosts", "host.conf", "gai.conf", "localtime", "timezone", "ssl/certs", "ssl/openssl.cnf",
+    "ca-certificates", "ca-certificates.conf", "pki/tls/certs", "pki/ca-trust", "alternatives",
+    "os-release", "debian_version",
     "lsb-release", "mime.types", "protocols", "services", "locale.alias", "locale.conf",
     "inputrc", "terminfo", "magic", "magic.mime", "bash.bashrc", "profile", "shells",
     "python3", "python3.11", "python3.12", "gitconfig",
@@ -118,7 +119,8 @@ def build_etc(layout: HostLayout, dest: Path) -> HostLayout:
     dest.mkdir(mode=0o755, parents=True, exist_ok=True)
     dest.chmod(0o755)
     for src in layout.etc:
-        target = dest / os.path.basename(src)
+        target = dest / os.path.relpath(src, "/etc")
+        target.parent.mkdir(parents=True, exist_ok=True)
         if os.path.islink(src):
             os.symlink(os.readlink(src), target)
         elif os.path.isdir(src):
