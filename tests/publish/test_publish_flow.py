@@ -275,3 +275,15 @@ def test_older_run_does_not_overwrite_newer(store: Store, tmp_path: Path, a_star
         assert table(tmp_path) == [("2026-09-14", '{"total": 4}', 1, "B")]
     else:
         assert table(tmp_path)[0][3] == "A"
+
+
+def test_rerun_of_crashed_item_frees_the_lease_even_when_it_refuses(
+    store: Store, tmp_path: Path
+) -> None:
+    """Item A/publish/0 died holding the lease; its rerun is refused (window) yet lets
+    go of the lease, so the next run does not wait out the TTL."""
+    assert store.acquire_lease("wf.publish", "A", 300.0, user="A/publish/0") is not None
+    out = publish(req(tmp_path, "A", run_started_at=NOW - 2 * DAY), store, clock=clock)
+    assert out.status == "failed" and "publish window" in out.message
+    b = publish(req(tmp_path, "B"), store, clock=clock, lease_wait=0)
+    assert (b.status, b.token) == ("succeeded", 2)

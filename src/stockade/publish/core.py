@@ -23,6 +23,7 @@ Must not import runner, workspace, sandbox or cli.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -140,6 +141,22 @@ def publish(
     the store cannot be reached. ``holder`` defaults to the run id, so every item of
     a run shares one token; ``lease_wait`` (default: the lease's TTL) bounds the wait
     for another holder's lease."""
+    holder = holder or req.run_id
+    try:
+        return _checked(req, store, clock=clock, holder=holder, sleep=sleep,
+                        lease_wait=req.lease_ttl if lease_wait is None else lease_wait)
+    finally:
+        # Every exit lets go of this item's use of the lease, so an item that crashed
+        # while holding it frees it when it is rerun, whatever the rerun decides. A
+        # failure here only leaves the lease to expire at its TTL.
+        with contextlib.suppress(Exception):
+            store.release_lease(req.lease, holder, user=req.idempotency_key)
+
+
+def _checked(
+    req: PublishRequest, store: Store, *, clock: Callable[[], float], holder: str,
+    sleep: Callable[[float], None], lease_wait: float,
+) -> PublishOutcome:
     if not req.key:
         return _failed("refused: the publish key rendered to an empty string")
     try:
@@ -154,8 +171,8 @@ def publish(
     except SinkUrlError as exc:
         return _failed(str(exc))
     try:
-        return _publish(req, store, sink, clock=clock, holder=holder or req.run_id, sleep=sleep,
-                        lease_wait=req.lease_ttl if lease_wait is None else lease_wait)
+        return _publish(req, store, sink, clock=clock, holder=holder, sleep=sleep,
+                        lease_wait=lease_wait)
     finally:
         sink.close()
 
@@ -167,18 +184,15 @@ def _publish(
     idem = req.idempotency_key
     previous = store.get_effect(idem)
     if previous is not None and previous.status == "done":
-        store.release_lease(req.lease, holder, user=idem)
         return PublishOutcome("succeeded", f"already applied with token {previous.token}",
                               previous.token, already_applied=True)
     if previous is not None and previous.status == "fenced":
-        store.release_lease(req.lease, holder, user=idem)
         return PublishOutcome("fenced", previous.message, previous.token)
     if previous is not None:
         landed = sink.lookup(idem, req.key)
         if landed is not None:
             store.finish_effect(idem, status="done", token=landed.token, at=clock(),
                                 message="reconciled: the sink had it")
-            store.release_lease(req.lease, holder, user=idem)
             return PublishOutcome("succeeded", f"already applied with token {landed.token}"
                                   " (reconciled with the sink)", landed.token, already_applied=True)
 
@@ -194,29 +208,26 @@ def _publish(
     if isinstance(got, str):
         return _failed(got)
     lease = got
-    try:
-        # Checked under the lease, so no other run's publish can slip in between.
-        newer = store.get_last_publish(req.lease)
-        if (newer is not None and newer.run_id != req.run_id and not req.allow_stale
-                and newer.run_started_at > req.run_started_at):
-            return PublishOutcome(
-                "fenced",
-                f"fenced out: run {newer.run_id}, started after this run, already published"
-                f" under lease {req.lease!r} with token {newer.token}; an older run does not"
-                " overwrite a newer one (resume with --allow-stale to publish anyway)",
-                lease.token, newer.token,
-            )
-        sha = content_sha256(req.payload)
-        store.claim_effect(Effect(
-            key=idem, run_id=req.run_id, step=req.step, item=req.item, attempt=req.attempt,
-            lease=req.lease, sink=redact(req.to), sink_key=req.key, payload_sha256=sha,
-            token=lease.token, claimed_at=clock(),
-        ))
-        result = sink.write(Write(idempotency_key=idem, key=req.key, payload=req.payload,
-                                  run_id=req.run_id, token=lease.token, lease=req.lease))
-        return _finish(req, store, result, sha, clock)
-    finally:
-        store.release_lease(req.lease, holder, user=idem)
+    # Checked under the lease, so no other run's publish can slip in between.
+    newer = store.get_last_publish(req.lease)
+    if (newer is not None and newer.run_id != req.run_id and not req.allow_stale
+            and newer.run_started_at > req.run_started_at):
+        return PublishOutcome(
+            "fenced",
+            f"fenced out: run {newer.run_id}, started after this run, already published"
+            f" under lease {req.lease!r} with token {newer.token}; an older run does not"
+            " overwrite a newer one (resume with --allow-stale to publish anyway)",
+            lease.token, newer.token,
+        )
+    sha = content_sha256(req.payload)
+    store.claim_effect(Effect(
+        key=idem, run_id=req.run_id, step=req.step, item=req.item, attempt=req.attempt,
+        lease=req.lease, sink=redact(req.to), sink_key=req.key, payload_sha256=sha,
+        token=lease.token, claimed_at=clock(),
+    ))
+    result = sink.write(Write(idempotency_key=idem, key=req.key, payload=req.payload,
+                              run_id=req.run_id, token=lease.token, lease=req.lease))
+    return _finish(req, store, result, sha, clock)
 
 
 def _finish(
