@@ -14,9 +14,12 @@ The order matters and is the whole design:
 5. claim the effect, write through the sink (which checks the fence and the
    idempotency key in the same transaction as the write), finish the effect;
 6. warn when the payload equals the lease's previous publish from a run with
-   other inputs (a flat series), and release the lease.
+   other inputs (a flat series).
 
-A crash anywhere leaves at worst a ``claimed`` effect, which step 2 resolves.
+Every exit, refusals included, releases this item's use of the lease; the
+lease itself is freed when the run's last item lets go (or at its TTL after a
+crash). A crash anywhere leaves at worst a ``claimed`` effect, which step 2
+resolves when the item is rerun.
 
 Must not import runner, workspace, sandbox or cli.
 """
