@@ -73,6 +73,7 @@ class PublishOutcome:
 
 FLAT_SERIES_EVENT = "publish.flat_series"
 LEASE_WAIT_EVENT = "publish.lease_wait"
+LEASE_WAIT_FLOOR = 300.0
 
 
 def _failed(message: str, token: int | None = None) -> PublishOutcome:
@@ -142,12 +143,13 @@ def publish(
 ) -> PublishOutcome:
     """Publish one item. Ordinary outcomes are values; ``InfraError`` means the sink or
     the store cannot be reached. ``holder`` defaults to the run id, so every item of
-    a run shares one token; ``lease_wait`` (default: the lease's TTL) bounds the wait
-    for another holder's lease."""
+    a run shares one token; ``lease_wait`` bounds the wait for another holder's lease
+    (default: the lease's TTL, at least ``LEASE_WAIT_FLOOR``: a short TTL is there to
+    take over from dead holders quickly, not to give up on live ones)."""
     holder = holder or req.run_id
     try:
-        return _checked(req, store, clock=clock, holder=holder, sleep=sleep,
-                        lease_wait=req.lease_ttl if lease_wait is None else lease_wait)
+        wait = max(req.lease_ttl, LEASE_WAIT_FLOOR) if lease_wait is None else lease_wait
+        return _checked(req, store, clock=clock, holder=holder, sleep=sleep, lease_wait=wait)
     finally:
         # Every exit lets go of this item's use of the lease, so an item that crashed
         # while holding it frees it when it is rerun, whatever the rerun decides. A
