@@ -1,4 +1,4 @@
-"""PostgreSQL fixtures for the contract suites (see ``tests/pgcluster.py``)."""
+"""PostgreSQL fixtures for the publish tests (see ``tests/pgcluster.py``)."""
 
 from __future__ import annotations
 
