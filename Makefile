@@ -29,6 +29,9 @@ test: $(BIN)/stockade system-packages
 
 bench: $(BIN)/stockade
 	$(BIN)/python bench/bench_fanout.py
+	$(BIN)/python bench/bench_sandbox.py
+	$(BIN)/python bench/bench_agent.py
+	$(BIN)/python bench/bench_publish.py
 
 clean:
 	rm -rf $(VENV) .stockade .pytest_cache .mypy_cache .ruff_cache

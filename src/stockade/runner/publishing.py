@@ -16,7 +16,6 @@ from stockade.expr import RenderError, compile_template, render, render_value
 from stockade.publish import PublishRequest, publish
 from stockade.runner.item import AttemptOutcome
 from stockade.spec.model import Step
-from stockade.store.base import Event
 from stockade.workspace.artifacts import to_json_value
 from stockade.workspace.layout import ItemDir, write_json
 
@@ -55,10 +54,9 @@ def make_publisher(manifest: Mapping[str, Any], allow_stale: bool, base: Path) -
         except InfraError as exc:
             return AttemptOutcome("errored", n, message=str(exc), started_at=started,
                                   ended_at=ac.clock())
+        # publish() already records each warning as a structured event.
         for warning in out.warnings:
             ac.echo(f"warning: {step.id}/{index}: {warning}")
-            engine.store.add_event(Event(ac.run_id, ac.clock(), "publish_warning",
-                                         {"step": step.id, "item": index, "warning": warning}))
         write_json(idir.attempt_dir(n) / "publish.json", {
             "to": to, "key": key, "lease": req.lease, "status": out.status, "token": out.token,
             "winner_token": out.winner_token, "already_applied": out.already_applied,
