@@ -100,6 +100,27 @@ def plan_time(n: int) -> float:
     return time.perf_counter() - t0
 
 
+def chain(steps: int) -> bytes:
+    lines = ["name: chain", "steps:"]
+    for i in range(steps):
+        lines.append(f"  - id: s{i}")
+        if i:
+            lines.append(f"    needs: [s{i - 1}]")
+            lines.append(f"    inputs: {{prev.txt: \"{{{{ steps.s{i - 1}.result }}}}\"}}")
+        lines.append("    run: cat prev.txt || true")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def plan_steps_time(steps: int) -> float:
+    from stockade.plan import build_plan
+    from stockade.spec import load_workflow
+
+    data = chain(steps)
+    t0 = time.perf_counter()
+    build_plan(load_workflow(data, "chain.yaml"))
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--items", type=int, default=1000)
@@ -122,6 +143,9 @@ def main() -> None:
                   "(target <= 150 MB)")
         for n in (1000, 10000, 100000):
             print(f"plan {n:>6} items: {plan_time(n) * 1000:8.1f} ms")
+        for steps in (250, 500, 1000, 2000):
+            t = plan_steps_time(steps)
+            print(f"load+plan {steps:>5} steps: {t * 1000:8.1f} ms ({t / steps * 1e6:6.0f} us/step)")
 
 
 if __name__ == "__main__":
