@@ -286,6 +286,7 @@ class BwrapBackend(Backend):
         self._etc_tmp: str | None = None
         self._bridge_root: str | None = None
         self._helpers = HelperPool()
+        self._setpriv = shutil.which("setpriv", path="/usr/bin:/bin")
 
     def availability(self) -> Availability:
         if not sys.platform.startswith("linux"):
@@ -357,6 +358,7 @@ class BwrapBackend(Backend):
                 "uid": user,
                 "gid": group,
                 "bridges": bridges,
+                "setpriv": self._setpriv,
                 "rlimits": {"as": None, "cpu": None, "nproc": None, "fsize": None},
             }
             job = self._helpers.spawn(request, [fileno(stdout), fileno(stderr), rfd])
