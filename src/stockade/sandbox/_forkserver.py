@@ -230,7 +230,7 @@ class Server:
             self.send({"type": "failed", "id": req["id"], "error": "stdout/stderr missing"})
             return
         if req["mode"] == "plain":  # bwrap: it confines itself
-            if req.get("setpriv") and not req.get("bridges"):
+            if (req["uid"] is None or req.get("setpriv")) and not req.get("bridges"):
                 self._posix_spawn(req, fds)
             else:
                 self._fork(req, fds, -1, None)

@@ -1,0 +1,70 @@
+"""The engine as an ordinary user: no uid switch, no bridges, the common case.
+
+The rest of the suite runs as root here; this file starts a small engine as
+``nobody`` (system Python, the sandbox package is stdlib-only) and checks
+that both backends still prove enforcement and contain a fork bomb.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.sandbox
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+SCRIPT = """
+import json, os, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from stockade.sandbox import Policy, Resources, get_backend, probe
+out = {}
+for name in ("bwrap", "landlock"):
+    b = get_backend(name)
+    report = probe(b)
+    base = Path(tempfile.mkdtemp(dir=sys.argv[2]))
+    (base / "work").mkdir(); (base / "scratch").mkdir()
+    code = ("import os, time\\nn = 0\\nwhile n < 300:\\n    try:\\n        pid = os.fork()\\n"
+            "    except OSError:\\n        break\\n    if pid == 0:\\n        time.sleep(2)\\n"
+            "        os._exit(0)\\n    n += 1\\nprint(n)\\n")
+    pol = Policy(argv=("/usr/bin/python3", "-c", code), work_dir=base / "work",
+                 scratch_dir=base / "scratch", env={"PATH": "/usr/bin:/bin"},
+                 resources=Resources(processes=20))
+    with open(base / "out", "wb") as f:
+        b.start(pol, stdout=f, stderr=f).wait(60)
+    out[name] = {"enforced": report.enforced, "uid": os.getuid(),
+                 "forked": (base / "out").read_text().strip()}
+    b.close()
+print(json.dumps(out))
+"""
+
+
+def test_backends_work_for_an_unprivileged_engine() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("already unprivileged: the whole suite covers this case")
+    if not os.path.exists("/usr/bin/python3") or not shutil.which("setpriv"):
+        pytest.skip("needs /usr/bin/python3 and setpriv to start an engine as nobody")
+    scratch = Path(tempfile.mkdtemp(prefix="stockade-nonroot-"))
+    scratch.chmod(0o777)
+    try:
+        p = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             "/usr/bin/python3", "-I", "-c", SCRIPT, str(SRC), str(scratch)],
+            env={"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch)},
+            cwd=scratch, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout.splitlines()[-1])
+    for name in ("bwrap", "landlock"):
+        assert result[name]["enforced"] is True, result
+        assert result[name]["uid"] == 65534
+        assert int(result[name]["forked"]) < 25, result
