@@ -238,3 +238,21 @@ def test_swapping_the_proxy_socket_for_a_symlink_reaches_nothing_else(
         # The swap happened (scratch is writable) and egress still goes to
         # the real proxy: the relay holds the socket by fd, not by name.
         assert "->" in r.out and "allowed-content" in r.out, r.both
+
+
+def test_proxy_socket_in_a_deep_directory(world: World, servers: tuple[int, int]) -> None:
+    deep = world.base / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    proxy = EgressProxy([f"localhost:{servers[0]}"], world.meta / "egress.jsonl", deep)
+    proxy.start()
+    try:
+        assert len(str(proxy.socket_path)) > 108
+        r = world.run(
+            "curl -sS --max-time 5 http://localhost:$1/",
+            str(servers[0]),
+            network="proxy",
+            proxy_socket=proxy.socket_path,
+        )
+    finally:
+        proxy.close()
+    assert "allowed-content" in r.out, r.both

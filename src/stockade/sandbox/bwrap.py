@@ -303,6 +303,9 @@ class BwrapBackend(Backend):
         return (
             "read-only system directories (/usr, /bin, /lib*, /sbin) and a few /etc files "
             "are visible to every step",
+            "work/ appears at its host path, so the run tree's location is visible",
+            "a step killed by signal N is reported as exit status 128+N",
+            "network: open shares the host network stack (recorded as reduced isolation)",
         )
 
     def _prepare(self) -> tuple[HostLayout, bytes]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import threading
 import time
@@ -112,7 +113,13 @@ class EgressProxy:
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(self.socket_path))
+        # sun_path holds 107 bytes; a deep run tree is longer. Binding through
+        # an fd of the directory keeps the name short and the file in place.
+        dfd = os.open(self.socket_path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            listener.bind(f"/proc/self/fd/{dfd}/{self.socket_path.name}")
+        finally:
+            os.close(dfd)
         # Jails may run as another uid (bwrap as nobody when the engine is root).
         self.socket_path.chmod(0o666)
         listener.listen(128)
