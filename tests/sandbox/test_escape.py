@@ -496,3 +496,31 @@ def test_private_keys_under_etc_are_not_in_the_jail(world: World) -> None:
     )
     assert "PRIVATE KEY" not in r.out
     assert "ssl-cert-snakeoil.key" not in r.out
+
+
+def test_host_sysv_shared_memory_is_unreachable(world: World) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    shmid = libc.shmget(0, 4096, 0o1666)  # IPC_PRIVATE | IPC_CREAT, world-readable
+    assert shmid >= 0
+    addr = libc.shmat(shmid, None, 0)
+    ctypes.memmove(addr, world.canary.encode(), len(world.canary))
+    try:
+        r = world.py(
+            "import ctypes, sys\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "libc.shmat.restype = ctypes.c_void_p\n"
+            "a = libc.shmat(int(sys.argv[1]), None, 0o10000)\n"  # SHM_RDONLY
+            "if a in (None, ctypes.c_void_p(-1).value):\n"
+            "    print('blocked', ctypes.get_errno())\n"
+            "else:\n"
+            "    print(ctypes.string_at(a, 40))\n",
+            str(shmid),
+        )
+    finally:
+        libc.shmdt(ctypes.c_void_p(addr))
+        libc.shmctl(shmid, 0, None)  # IPC_RMID
+    assert "blocked" in r.out, r.both
+    assert world.canary not in r.both

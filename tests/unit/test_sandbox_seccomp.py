@@ -164,13 +164,24 @@ def test_setsid_refused_without_pid_namespace(no_pidns: bool, expected: int) -> 
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("name", seccomp.DENIED_IDENTITY)
+@pytest.mark.parametrize("name", seccomp.DENIED_IDENTITY + seccomp.DENIED_HOST_IPC)
 def test_identity_changes_refused_without_pid_namespace(arch: str, name: str) -> None:
     nr = seccomp.SYSCALLS[arch][name]
     with_ns = seccomp.build_filter(arch)
     without = seccomp.build_filter(arch, seccomp.FilterOptions(no_pidns=True))
     assert run_bpf(with_ns, nr, ARCH[arch]) == ALLOW
     assert run_bpf(without, nr, ARCH[arch]) == EPERM
+
+
+@pytest.mark.parametrize(
+    ("arch", "nr"),
+    [("x86_64", 30), ("x86_64", 29), ("x86_64", 240), ("x86_64", 105), ("x86_64", 112),
+     ("aarch64", 196), ("aarch64", 194), ("aarch64", 180), ("aarch64", 146), ("aarch64", 157)],
+)  # fmt: skip
+def test_host_namespace_extras_by_kernel_number(arch: str, nr: int) -> None:
+    # shmat, shmget, mq_open, setuid, setsid: numbers written out independently.
+    prog = seccomp.build_filter(arch, seccomp.FilterOptions(no_pidns=True))
+    assert run_bpf(prog, nr, ARCH[arch]) == EPERM
 
 
 def test_program_starts_with_the_arch_check() -> None:

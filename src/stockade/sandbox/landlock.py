@@ -229,6 +229,14 @@ class LandlockBackend(Backend):
             uid, gid = JAIL_UID, JAIL_GID
             _chown_tree(policy.work_dir, uid, gid)
             _chown_tree(policy.scratch_dir, uid, gid)
+        elif os.geteuid() == 0 and self.abi < 6:
+            # euid 0 without Landlock's signal scope could signal host root's
+            # processes: refuse rather than run weaker than reported.
+            raise InfraError(
+                "landlock: a step needs a path only root can reach, and this kernel's Landlock "
+                f"(ABI {self.abi} < 6) cannot scope signals; make the run root searchable "
+                "by others (chmod o+x) or use bwrap"
+            )
         on_exit: list[Any] = []
         relay_port = None
         if policy.network == "proxy":

@@ -84,6 +84,13 @@ DENIED: tuple[str, ...] = (
 #: Extra calls refused where the jail has no pid namespace (landlock): a step
 #: that starts its own session or group would escape the timeout's killpg.
 DENIED_WITHOUT_PIDNS: tuple[str, ...] = ("setsid", "setpgid")
+#: Also refused there: System V IPC and POSIX message queues, which live in
+#: the host's IPC namespace (ids are guessable; Landlock does not cover them).
+DENIED_HOST_IPC: tuple[str, ...] = (
+    "shmget", "shmat", "shmctl", "semget", "semop", "semctl", "semtimedop",
+    "msgget", "msgsnd", "msgrcv", "msgctl",
+    "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+)  # fmt: skip
 #: Also refused there: identity changes. A jail that keeps euid 0 (root
 #: engine, root-only paths) runs with real uid nobody so RLIMIT_NPROC
 #: applies; it must not be able to set its real uid back.
@@ -111,6 +118,10 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "setsid": 112, "setpgid": 109, "setuid": 105, "setreuid": 113, "setresuid": 117,
         "setfsuid": 122, "setgid": 106, "setregid": 114, "setresgid": 119, "setfsgid": 123,
         "setgroups": 116,
+        "shmget": 29, "shmat": 30, "shmctl": 31, "semget": 64, "semop": 65, "semctl": 66,
+        "semtimedop": 220, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
+        "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243,
+        "mq_notify": 244, "mq_getsetattr": 245,
     },
     "aarch64": {
         "unshare": 97, "setns": 268, "clone": 220, "clone3": 435, "mount": 40,
@@ -129,6 +140,10 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "ioctl": 29, "socket": 198, "setsid": 157, "setpgid": 154, "setuid": 146,
         "setreuid": 145, "setresuid": 147, "setfsuid": 151, "setgid": 144, "setregid": 143,
         "setresgid": 149, "setfsgid": 152, "setgroups": 159,
+        "shmget": 194, "shmat": 196, "shmctl": 195, "semget": 190, "semop": 193, "semctl": 191,
+        "semtimedop": 192, "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187,
+        "mq_open": 180, "mq_unlink": 181, "mq_timedsend": 182, "mq_timedreceive": 183,
+        "mq_notify": 184, "mq_getsetattr": 185,
     },
 }  # fmt: skip
 
@@ -209,7 +224,7 @@ def build_filter(arch: str, opts: FilterOptions = FilterOptions()) -> bytes:
         prog += [_ins(JGE_K, 0, 1, X32_SYSCALL_BIT), _ins(RET_K, 0, 0, RET_KILL_PROCESS)]
     denied = list(DENIED)
     if opts.no_pidns:
-        denied += [*DENIED_WITHOUT_PIDNS, *DENIED_IDENTITY]
+        denied += [*DENIED_WITHOUT_PIDNS, *DENIED_IDENTITY, *DENIED_HOST_IPC]
     for name in denied:
         if name in table:
             prog += [_ins(JEQ_K, 0, 1, table[name]), _ins(RET_K, 0, 0, _errno(errno.EPERM))]
