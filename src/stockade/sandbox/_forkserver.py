@@ -315,6 +315,13 @@ class Server:
                 code = os.waitstatus_to_exitcode(status)
                 self.send({"type": "exited", "pid": pid, "status": code})
 
+    def kill(self, pid: int, sig: int) -> None:
+        # Only a child not yet reaped: a reaped pid may already name another
+        # process (this loop is the only place that reaps).
+        if pid in self.children:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, sig)
+
     def kill_all(self) -> None:
         for pid in self.children:
             with contextlib.suppress(OSError):
@@ -342,7 +349,11 @@ class Server:
                     self.kill_all()
                     return
                 try:
-                    self.spawn(json.loads(data), fds)
+                    msg = json.loads(data)
+                    if msg.get("type") == "kill":
+                        self.kill(msg["pid"], msg["sig"])
+                    else:
+                        self.spawn(msg, fds)
                 finally:
                     for fd in fds:
                         os.close(fd)

@@ -25,7 +25,8 @@ from typing import IO, Any
 
 
 class _Job:
-    def __init__(self) -> None:
+    def __init__(self, client: ForkServerClient) -> None:
+        self.client = client
         self.started = threading.Event()
         self.exited = threading.Event()
         self.pid = 0
@@ -118,7 +119,7 @@ class ForkServerClient:
 
     def spawn(self, request: Mapping[str, Any], fds: Sequence[int]) -> _Job:
         sock = self._ensure()
-        job = _Job()
+        job = _Job(self)
         with self._lock:
             self._next_id += 1
             rid = self._next_id
@@ -129,6 +130,19 @@ class ForkServerClient:
         # No wait for the "started" reply: the item sets itself up while the
         # caller goes on; ``pid`` and ``kill`` wait for it when needed.
         return job
+
+    def signal(self, job: _Job, sig: int) -> None:
+        """Signal a job's process group, through the helper.
+
+        The helper reaps its children itself, so only it knows for sure that
+        a pid still names this jail and not a process that reused it.
+        """
+        with self._lock:
+            sock = self._sock
+        if sock is None or not job.pid:
+            return
+        with self._send_lock, contextlib.suppress(OSError):
+            sock.send(json.dumps({"type": "kill", "pid": job.pid, "sig": int(sig)}).encode())
 
     def close(self) -> None:
         with self._lock:
@@ -155,7 +169,11 @@ def fileno(stream: IO[bytes] | int) -> int:
 class HelperRunning:
     """A jail started by a helper: ``wait`` needs no polling, ``kill`` hits its group."""
 
-    def __init__(self, job: _Job, on_exit: list[Callable[[], None]] | None = None) -> None:
+    def __init__(
+        self,
+        job: _Job,
+        on_exit: list[Callable[[], None]] | None = None,
+    ) -> None:
         self._job = job
         self._on_exit = on_exit if on_exit is not None else []
 
@@ -181,8 +199,7 @@ class HelperRunning:
         for sig, wait_for in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             if self._job.exited.is_set() or not self._job.pid:
                 return
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._job.pid, sig)
+            self._job.client.signal(self._job, sig)
             if self.wait(wait_for) is not None:
                 return
 
