@@ -360,8 +360,17 @@ class Server:
                 self.reap()
 
 
-def main(fd: int) -> None:
+def main(fd: int, user: str | None = None) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
+    if user:
+        # A helper that only starts bwrap for a root engine runs as the jail
+        # uid itself, so bwrap needs no setpriv in between.
+        uid, gid = (int(x) for x in user.split(":"))
+        os.chdir("/")
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+    # After any uid change: changing credentials clears the death signal.
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     if os.getppid() == 1:
@@ -377,4 +386,4 @@ def main(fd: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)

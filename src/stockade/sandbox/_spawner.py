@@ -37,7 +37,8 @@ class _Job:
 class ForkServerClient:
     """The engine's side of the fork server: start once, spawn many, close once."""
 
-    def __init__(self) -> None:
+    def __init__(self, user: tuple[int, int] | None = None) -> None:
+        self._user = user
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._sock: socket.socket | None = None
@@ -62,10 +63,11 @@ class ForkServerClient:
                 f"('stockade.sandbox', {str(here)!r})):\n"
                 "    m = types.ModuleType(name); m.__path__ = [path]; sys.modules[name] = m\n"
                 "from stockade.sandbox._forkserver import main\n"
-                "main(int(sys.argv[1]))\n"
+                "main(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)\n"
             )
+            user = [f"{self._user[0]}:{self._user[1]}"] if self._user else []
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", code, str(theirs.fileno())],
+                [sys.executable, "-I", "-S", "-c", code, str(theirs.fileno()), *user],
                 pass_fds=(theirs.fileno(),),
                 env={"PATH": "/usr/bin:/bin"},
                 stdin=subprocess.DEVNULL,
@@ -209,9 +211,9 @@ class HelperPool:
     millisecond of serial work per item, so with several jobs one helper
     would become the bottleneck. Helpers start on first use."""
 
-    def __init__(self, size: int | None = None) -> None:
+    def __init__(self, size: int | None = None, user: tuple[int, int] | None = None) -> None:
         n = size or min(os.cpu_count() or 1, 4)
-        self._clients = [ForkServerClient() for _ in range(n)]
+        self._clients = [ForkServerClient(user) for _ in range(n)]
         self._next = itertools.count()
 
     def spawn(self, request: Mapping[str, Any], fds: Sequence[int]) -> _Job:

@@ -286,6 +286,8 @@ class BwrapBackend(Backend):
         self._etc_tmp: str | None = None
         self._bridge_root: str | None = None
         self._helpers = HelperPool()
+        #: For a root engine: helpers that already run as the jail uid.
+        self._jail_helpers = HelperPool(user=(JAIL_UID, JAIL_GID))
         self._setpriv = shutil.which("setpriv", path="/usr/bin:/bin")
 
     def availability(self) -> Availability:
@@ -364,7 +366,10 @@ class BwrapBackend(Backend):
                 "setpriv": self._setpriv,
                 "rlimits": {"as": None, "cpu": None, "nproc": None, "fsize": None},
             }
-            job = self._helpers.spawn(request, [fileno(stdout), fileno(stderr), rfd])
+            pool = self._helpers
+            if user is not None and not bridges:
+                pool, request["uid"], request["gid"] = self._jail_helpers, None, None
+            job = pool.spawn(request, [fileno(stdout), fileno(stderr), rfd])
         finally:
             os.close(rfd)
             if wfd != -1:
@@ -384,6 +389,7 @@ class BwrapBackend(Backend):
 
     def close(self) -> None:
         self._helpers.close()
+        self._jail_helpers.close()
         if self._bridge_root is not None:
             shutil.rmtree(self._bridge_root, ignore_errors=True)
             self._bridge_root = None
