@@ -30,6 +30,7 @@ Stdlib and ``stockade.sandbox`` only.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import stat
@@ -246,13 +247,30 @@ def bwrap_argv(
     return argv
 
 
+@functools.lru_cache(maxsize=256)
+def _searchable_by_others(directory: str) -> bool:
+    """Every directory from / down to ``directory`` has o+x.
+
+    Cached: items of a run share these ancestors, and a permission change
+    between items can only make a jail fail to start, never widen it.
+    """
+    parent = os.path.dirname(directory)
+    if parent != directory and not _searchable_by_others(parent):
+        return False
+    try:
+        return bool(os.stat(directory).st_mode & stat.S_IXOTH)
+    except OSError:
+        return False
+
+
 def reachable_by_others(path: Path) -> bool:
     """Other users can search every directory down to ``path`` and use ``path`` itself."""
     try:
-        resolved = path.resolve()
-        for parent in resolved.parents:
-            if not os.stat(parent).st_mode & stat.S_IXOTH:
-                return False
+        resolved = os.path.realpath(path)
+        if not _searchable_by_others(os.path.dirname(os.path.dirname(resolved))):
+            return False
+        if not os.stat(os.path.dirname(resolved)).st_mode & stat.S_IXOTH:
+            return False
         mode = os.stat(resolved).st_mode
     except OSError:
         return False

@@ -70,8 +70,10 @@ def landlock_request(
             )
     scratch = str(policy.scratch_dir)
     env = dict(policy.env)
-    env["HOME"] = f"{scratch}/home"
-    env["TMPDIR"] = f"{scratch}/tmp"
+    # The scratch dir itself (no subdirectories: a mkdir per item is
+    # measurable on slow filesystems, and the runner made it fresh).
+    env["HOME"] = scratch
+    env["TMPDIR"] = scratch
     if policy.network == "proxy":
         if relay_port is None:
             raise InfraError("network: proxy needs the egress proxy (policy.proxy_socket)")
@@ -218,8 +220,7 @@ class LandlockBackend(Backend):
         if self._layout is None:
             self._layout = scan_host()
         uid = gid = None
-        for sub in ("home", "tmp"):
-            (policy.scratch_dir / sub).mkdir(parents=True, exist_ok=True)
+        policy.scratch_dir.mkdir(parents=True, exist_ok=True)
         needed = [policy.work_dir, policy.scratch_dir, *(m.source for m in policy.mounts)]
         if os.geteuid() == 0 and all(reachable_by_others(p) for p in needed):
             # Host root is exempt from RLIMIT_NPROC and owns everything: run
