@@ -214,7 +214,7 @@ class Server:
         self.ctl = ctl
         self.children: set[int] = set()
         #: O_PATH fds of read-only system paths, opened once for all items.
-        self.path_fds: dict[str, int] = {}
+        self.path_fds: dict[str, _landlock._PathBeneath | None] = {}
         self.prep = Prepared()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 

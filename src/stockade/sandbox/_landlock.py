@@ -8,6 +8,7 @@ Standard library only: the exec helper imports this module.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import stat
 from collections.abc import Sequence
@@ -75,8 +76,11 @@ class _NetPort(ctypes.Structure):
     _fields_ = (("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64))
 
 
+@functools.lru_cache(maxsize=1)
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
 
 
 def abi_version() -> int:
@@ -104,16 +108,17 @@ def build_ruleset(
     handle_net: bool,
     connect_ports: Sequence[int] = (),
     scoped: bool,
-    fd_cache: dict[str, int] | None = None,
+    fd_cache: dict[str, _PathBeneath | None] | None = None,
 ) -> int:
     """Build a ruleset; return its fd for ``enforce`` (open paths before dropping privileges).
 
     Paths that do not exist are skipped. A rule on a file gets only file
     rights. ``write_fds`` are open regular files (the item's stdout/stderr
-    captures) that ``/dev/stdout`` may reopen for writing.
+    captures) that ``/dev/stdout`` may reopen for writing. ``fd_cache`` keeps
+    the read-only rules (an ``O_PATH`` fd each, held open) across calls: the
+    system paths are the same for every item.
     """
     libc = _libc()
-    libc.syscall.restype = ctypes.c_long
     all_fs = fs_rights(abi)
     attr = _RulesetAttr(all_fs, 0, 0)
     if handle_net and abi >= 4:
@@ -127,30 +132,40 @@ def build_ruleset(
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
     try:
 
-        def add_path(path_fd: int, rights: int) -> None:
-            rule = _PathBeneath(rights, path_fd)
+        def add(rule: _PathBeneath) -> None:
             if libc.syscall(SYS_ADD_RULE, fd, RULE_PATH_BENEATH, ctypes.byref(rule), 0) != 0:
                 raise OSError(ctypes.get_errno(), "landlock_add_rule")
 
-        for paths, rights in ((read_only, READ_ONLY), (read_write, all_fs)):
-            for path in paths:
-                cached = fd_cache is not None and rights == READ_ONLY
-                pfd = fd_cache.get(path, -1) if cached and fd_cache is not None else -1
-                if pfd < 0:
-                    try:
-                        pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-                    except OSError:
-                        continue
-                    if cached and fd_cache is not None:
-                        fd_cache[path] = pfd
-                try:
-                    is_dir = stat.S_ISDIR(os.fstat(pfd).st_mode)
-                    add_path(pfd, rights if is_dir else rights & FILE_RIGHTS & all_fs)
-                finally:
-                    if not cached:
-                        os.close(pfd)
+        def make(path: str, rights: int, keep: bool) -> _PathBeneath | None:
+            try:
+                pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                return None
+            try:
+                is_dir = stat.S_ISDIR(os.fstat(pfd).st_mode)
+            except OSError:
+                os.close(pfd)
+                return None
+            rule = _PathBeneath(rights if is_dir else rights & FILE_RIGHTS & all_fs, pfd)
+            if not keep:
+                add(rule)
+                os.close(pfd)
+                return None
+            return rule
+
+        for path in read_only:
+            if fd_cache is None:
+                make(path, READ_ONLY, keep=False)
+                continue
+            if path not in fd_cache:
+                fd_cache[path] = make(path, READ_ONLY, keep=True)
+            cached = fd_cache[path]
+            if cached is not None:
+                add(cached)
+        for path in read_write:
+            make(path, all_fs, keep=False)
         for wfd in write_fds:
-            add_path(wfd, WRITE_FILE)
+            add(_PathBeneath(WRITE_FILE, wfd))
         if attr.handled_access_net:
             for port in connect_ports:
                 net = _NetPort(NET_CONNECT_TCP, port)
@@ -166,7 +181,6 @@ def enforce(ruleset_fd: int, libc: ctypes.CDLL | None = None) -> None:
     """Set no_new_privs and restrict the calling thread with the ruleset; closes it."""
     if libc is None:
         libc = _libc()
-        libc.syscall.restype = ctypes.c_long
     try:
         if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
