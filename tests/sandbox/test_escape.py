@@ -460,6 +460,7 @@ def test_timeout_kills_the_whole_jail(world: World) -> None:
     with open(world.meta / "stdout", "wb") as out:
         running = world.backend.start(policy, stdout=out, stderr=out)
         assert running.wait(0.5) is None
+        assert running.pid > 1 and Path(f"/proc/{running.pid}").exists()
         running.kill(0.2)
         assert running.wait(5) is not None
     time.sleep(0.2)

@@ -212,7 +212,9 @@ def _is_regular(fd: int) -> bool:
 class Server:
     def __init__(self, ctl: socket.socket) -> None:
         self.ctl = ctl
-        self.children: set[int] = set()
+        #: Live (unreaped) children: pid -> request id.
+        self.children: dict[int, int] = {}
+        self.pids: dict[int, int] = {}
         #: O_PATH fds of read-only system paths, opened once for all items.
         self.path_fds: dict[str, _landlock._PathBeneath | None] = {}
         self.prep = Prepared()
@@ -283,8 +285,7 @@ class Server:
         finally:
             for fd in high:
                 os.close(fd)
-        self.children.add(pid)
-        self.send({"type": "started", "id": req["id"], "pid": pid})
+        self.started(req["id"], pid)
 
     def _fork(
         self, req: dict[str, Any], fds: list[int], ruleset: int, fprog: seccomp.SockFprog | None
@@ -297,8 +298,7 @@ class Server:
             return
         if pid == 0:
             _child(req, self.prep, fprog, fds, ruleset, exe)
-        self.children.add(pid)
-        self.send({"type": "started", "id": req["id"], "pid": pid})
+        self.started(req["id"], pid)
 
     def reap(self) -> None:
         while True:
@@ -309,18 +309,30 @@ class Server:
             if pid == 0:
                 return
             if pid in self.children:
-                self.children.discard(pid)
+                rid = self.children.pop(pid)
+                self.pids.pop(rid, None)
                 with contextlib.suppress(OSError):
                     os.killpg(pid, signal.SIGKILL)
                 code = os.waitstatus_to_exitcode(status)
-                self.send({"type": "exited", "pid": pid, "status": code})
+                self.send({"type": "exited", "id": rid, "pid": pid, "status": code})
 
-    def kill(self, pid: int, sig: int) -> None:
+    def started(self, rid: int, pid: int) -> None:
+        # No "started" message: the engine rarely needs the pid (it asks),
+        # and one message less per item is one wake-up less on both sides.
+        self.children[pid] = rid
+        self.pids[rid] = pid
+
+    def kill(self, rid: int, sig: int) -> None:
         # Only a child not yet reaped: a reaped pid may already name another
         # process (this loop is the only place that reaps).
-        if pid in self.children:
+        pid = self.pids.get(rid)
+        if pid is not None:
             with contextlib.suppress(OSError):
                 os.killpg(pid, sig)
+
+    def tell_pid(self, rid: int) -> None:
+        if rid in self.pids:
+            self.send({"type": "started", "id": rid, "pid": self.pids[rid]})
 
     def kill_all(self) -> None:
         for pid in self.children:
@@ -351,7 +363,9 @@ class Server:
                 try:
                     msg = json.loads(data)
                     if msg.get("type") == "kill":
-                        self.kill(msg["pid"], msg["sig"])
+                        self.kill(msg["id"], msg["sig"])
+                    elif msg.get("type") == "pid":
+                        self.tell_pid(msg["id"])
                     else:
                         self.spawn(msg, fds)
                 finally:

@@ -27,6 +27,7 @@ from typing import IO, Any
 class _Job:
     def __init__(self, client: ForkServerClient) -> None:
         self.client = client
+        self.id = 0
         self.started = threading.Event()
         self.exited = threading.Event()
         self.pid = 0
@@ -46,7 +47,6 @@ class ForkServerClient:
         self._reader: threading.Thread | None = None
         self._next_id = 0
         self._pending: dict[int, _Job] = {}
-        self._by_pid: dict[int, _Job] = {}
 
     def _ensure(self) -> socket.socket:
         with self._lock:
@@ -93,31 +93,33 @@ class ForkServerClient:
                 data = b""
             if not data:
                 with self._lock:
-                    jobs = list(self._pending.values()) + list(self._by_pid.values())
-                for job in jobs:
-                    job.error = job.error or "the exec helper exited"
-                    job.started.set()
-                    if job.status is None:
-                        job.status = -signal.SIGKILL
-                    job.exited.set()
+                    jobs = list(self._pending.values())
+                    self._pending.clear()
+                for lost in jobs:
+                    lost.error = lost.error or "the exec helper exited"
+                    lost.started.set()
+                    if lost.status is None:
+                        lost.status = -signal.SIGKILL
+                    lost.exited.set()
                 return
             msg = json.loads(data)
             with self._lock:
-                if msg["type"] == "exited":
-                    done = self._by_pid.pop(msg["pid"], None)
-                    if done is not None:
-                        done.status = msg["status"]
-                        done.exited.set()
+                job = self._pending.get(msg["id"])
+                if job is None:
                     continue
-                job = self._pending.pop(msg["id"])
                 if msg["type"] == "started":
                     job.pid = msg["pid"]
-                    self._by_pid[job.pid] = job
+                    job.started.set()
+                    continue
+                del self._pending[msg["id"]]
+                if msg["type"] == "exited":
+                    job.pid = msg["pid"]
+                    job.status = msg["status"]
                 else:
                     job.error = msg["error"]
                     job.status = 127
-                    job.exited.set()
             job.started.set()
+            job.exited.set()
 
     def spawn(self, request: Mapping[str, Any], fds: Sequence[int]) -> _Job:
         sock = self._ensure()
@@ -125,13 +127,22 @@ class ForkServerClient:
         with self._lock:
             self._next_id += 1
             rid = self._next_id
+            job.id = rid
             self._pending[rid] = job
         payload = json.dumps({**request, "id": rid}).encode()
         with self._send_lock:
             socket.send_fds(sock, [payload], list(fds))
-        # No wait for the "started" reply: the item sets itself up while the
-        # caller goes on; ``pid`` and ``kill`` wait for it when needed.
+        # No reply to wait for: the item sets itself up while the caller goes
+        # on; ``pid`` asks the helper, ``kill`` goes through it by job id.
         return job
+
+    def _tell(self, msg: dict[str, Any]) -> None:
+        with self._lock:
+            sock = self._sock
+        if sock is None:
+            return
+        with self._send_lock, contextlib.suppress(OSError):
+            sock.send(json.dumps(msg).encode())
 
     def signal(self, job: _Job, sig: int) -> None:
         """Signal a job's process group, through the helper.
@@ -139,12 +150,10 @@ class ForkServerClient:
         The helper reaps its children itself, so only it knows for sure that
         a pid still names this jail and not a process that reused it.
         """
-        with self._lock:
-            sock = self._sock
-        if sock is None or not job.pid:
-            return
-        with self._send_lock, contextlib.suppress(OSError):
-            sock.send(json.dumps({"type": "kill", "pid": job.pid, "sig": int(sig)}).encode())
+        self._tell({"type": "kill", "id": job.id, "sig": int(sig)})
+
+    def ask_pid(self, job: _Job) -> None:
+        self._tell({"type": "pid", "id": job.id})
 
     def close(self) -> None:
         with self._lock:
@@ -181,7 +190,9 @@ class HelperRunning:
 
     @property
     def pid(self) -> int:
-        self._job.started.wait()
+        if not self._job.started.is_set():
+            self._job.client.ask_pid(self._job)
+            self._job.started.wait()
         return self._job.pid
 
     @property
@@ -197,9 +208,8 @@ class HelperRunning:
         return self._job.status
 
     def kill(self, grace: float = 2.0) -> None:
-        self._job.started.wait()
         for sig, wait_for in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            if self._job.exited.is_set() or not self._job.pid:
+            if self._job.exited.is_set():
                 return
             self._job.client.signal(self._job, sig)
             if self.wait(wait_for) is not None:
