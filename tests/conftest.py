@@ -1,4 +1,4 @@
-"""Shared test configuration.
+"""Shared test configuration and fixtures.
 
 ``--strict-skips`` (CI passes it) turns every skip into a failure: a sandbox
 test that skipped because bubblewrap or PostgreSQL is missing is a broken CI
@@ -8,8 +8,15 @@ machine, not a pass.
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pgcluster  # tests/pgcluster.py, found through the line above
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -29,3 +36,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped under --strict-skips: {reason}"
+
+
+# -- a throwaway PostgreSQL cluster, shared by the store, sink and publish tests --
+
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[pgcluster.Cluster]:
+    if pgcluster.find_bin() is None:
+        pytest.skip(f"PostgreSQL server binaries missing: apt-get install {pgcluster.APT_PACKAGE}")
+    with pgcluster.cluster() as c:
+        yield c
+
+
+@pytest.fixture
+def pg_url(pg_cluster: pgcluster.Cluster) -> str:
+    """A fresh, empty database in the session's cluster."""
+    return pg_cluster.new_database()
