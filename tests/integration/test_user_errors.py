@@ -103,3 +103,30 @@ def test_schema_is_json_schema_2020_12(project: Project) -> None:
     schema = r.json()
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert "steps" in schema["properties"]
+
+
+def test_runtime_template_errors_name_the_field_position(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: late
+        vars: {x: "a"}
+        steps:
+          - id: big
+            run: echo {{ vars.x * 100000000 }}
+          - id: notalist
+            for_each: "{{ vars.x }}"
+            run: echo
+          - id: c
+            run: echo ok > out/r.txt
+          - id: d
+            needs: [c]
+            inputs:
+              r: "{{ steps.c.outputs['missing.txt'] }}"
+            run: cat r
+    """)
+    r = project.run("run", str(wf), "--json")
+    assert r.code == 1
+    problems = "\n".join(r.json()["problems"])
+    assert f"{wf}:6:10: limit exceeded" in problems, problems
+    assert f"{wf}:8:15: for_each must give a list" in problems
+    assert f"{wf}:15:10: no key 'missing.txt'" in problems
+    assert "Traceback" not in r.err

@@ -20,6 +20,7 @@ from stockade.runner.item import (
     AttemptContext,
     AttemptOutcome,
     finish_process,
+    located,
     resources_of,
     run_jail,
 )
@@ -35,7 +36,8 @@ def run_agent_attempt(
     started: float,
 ) -> AttemptOutcome:
     assert step.agent is not None
-    prompt = str(render(compile_template(step.agent.prompt), tctx, functions=ac.functions))
+    with located(ac, step.id, "agent", "prompt"):
+        prompt = str(render(compile_template(step.agent.prompt), tctx, functions=ac.functions))
     config = step.agent.model_copy(update={"prompt": prompt})
     # Unix socket paths are limited to ~108 bytes, so the runtime dir is short.
     runtime = Path(tempfile.mkdtemp(prefix="stockade-"))

@@ -13,14 +13,14 @@ import contextlib
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from stockade.errors import StaleOutput, TamperedArtifact, UserError
 from stockade.expr import RenderError, compile_template, render
 from stockade.plan import Plan, expand
-from stockade.runner.item import AttemptContext, AttemptOutcome, run_attempt
+from stockade.runner.item import AttemptContext, AttemptOutcome, located, run_attempt
 from stockade.runner.views import ItemResult, artifacts_of, step_view
 from stockade.spec import Spec
 from stockade.spec.model import Step
@@ -89,7 +89,12 @@ class Engine:
         self.views: dict[str, dict[str, Any]] = {}
         self.messages: list[str] = []
         self.verified: dict[tuple[str, int], ItemRecord] = {}
-        self.ac = attempt_context
+        self.ac = replace(attempt_context, locate=self.locate)
+        self._index = {s.id: i for i, s in enumerate(spec.workflow.steps)}
+
+    def locate(self, step: str, path: tuple[str | int, ...]) -> str:
+        line, col = self.spec.position("steps", self._index[step], *path)
+        return f"{self.spec.filename}:{line}:{col}"
 
     # -- context -------------------------------------------------------------
 
@@ -202,9 +207,10 @@ class Engine:
                 self._skip(st, "skipped: run interrupted")
                 continue
             try:
-                items = self._items_of(st.step)
+                with located(self.ac, sid, "for_each"):
+                    items = self._items_of(st.step)
             except (RenderError, UserError, ValueError, StaleOutput, TamperedArtifact) as exc:
-                st.status, st.message = "failed", f"for_each: {getattr(exc, 'message', None) or exc}"
+                st.status, st.message = "failed", str(getattr(exc, "message", None) or exc)
                 self._record_step_error(st)
                 continue
             st.status, st.total = "running", len(items)
@@ -258,10 +264,12 @@ class Engine:
         for index, value in enumerate(items):
             now = self.ac.clock()
             try:
-                decision = render(tmpl, self.context(st.step, value, with_item=True),
-                                  functions=self.ac.functions)
-                if not isinstance(decision, bool):
-                    raise UserError(f"keep: must render true or false, got {type(decision).__name__}")
+                with located(self.ac, st.step.id, "keep"):
+                    decision = render(tmpl, self.context(st.step, value, with_item=True),
+                                      functions=self.ac.functions)
+                    if not isinstance(decision, bool):
+                        raise UserError(
+                            f"keep: must render true or false, got {type(decision).__name__}")
                 status, message = "succeeded", "kept" if decision else "dropped"
             except (RenderError, UserError, StaleOutput, TamperedArtifact) as exc:
                 decision, status = None, "errored"

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -64,6 +65,8 @@ class AttemptContext:
     cancelled: threading.Event
     running: dict[tuple[str, int], Running]
     running_lock: threading.Lock
+    #: ``locate(step_id, path)`` -> "FILE:LINE:COL" of a field of a step.
+    locate: Callable[[str, tuple[str | int, ...]], str] = lambda step, path: step
 
 
 def parse_size(value: int | str | None) -> int | None:
@@ -109,8 +112,23 @@ class _Pump(threading.Thread):
         self.sink.flush()
 
 
-def render_inputs(step: Step, ctx: Mapping[str, Any], functions: Mapping[str, Callable[..., Any]]) -> dict[str, Any]:
-    return {name: render_value(value, ctx, functions=functions) for name, value in step.inputs.items()}
+@contextmanager
+def located(ac: AttemptContext, step: str, *path: str | int) -> Iterator[None]:
+    """Name the file position of the field being rendered in any error it raises."""
+    try:
+        yield
+    # ValueError is how plan.expand says a for_each value is not a list.
+    except (RenderError, UserError, StaleOutput, TamperedArtifact, ValueError) as exc:
+        message = getattr(exc, "message", None) or str(exc)
+        raise UserError(f"{ac.locate(step, path)}: {message}") from exc
+
+
+def render_inputs(ac: AttemptContext, step: Step, ctx: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for name, value in step.inputs.items():
+        with located(ac, step.id, "inputs", name):
+            out[name] = render_value(value, ctx, functions=ac.functions)
+    return out
 
 
 def run_attempt(
@@ -130,13 +148,15 @@ def run_attempt(
     masker = Masker(ac.host_env[s] for s in step.secrets if s in ac.host_env)
     inputs: list[Materialised] = []
     try:
-        rendered = render_inputs(step, tctx, ac.functions)
+        rendered = render_inputs(ac, step, tctx)
         for name, value in rendered.items():
-            inputs.append(materialise(idir.work, name, value, ac.run_id))
-        step_env = {
-            k: v if isinstance(v, str) else str(to_json_value(v))
-            for k, v in render_value(dict(step.env), tctx, functions=ac.functions).items()
-        }
+            with located(ac, step.id, "inputs", name):
+                inputs.append(materialise(idir.work, name, value, ac.run_id))
+        with located(ac, step.id, "env"):
+            step_env = {
+                k: v if isinstance(v, str) else str(to_json_value(v))
+                for k, v in render_value(dict(step.env), tctx, functions=ac.functions).items()
+            }
         env = build_env(
             ac.host_env,
             step_env=step_env,
@@ -153,7 +173,9 @@ def run_attempt(
             outcome = agent_factory(ac, step, index, n, idir, adir, tctx, env, backend, masker, started)
         else:
             assert step.run is not None
-            command = render(compile_template(step.run), tctx, functions=ac.functions, shell=True)
+            with located(ac, step.id, "run"):
+                command = render(compile_template(step.run), tctx, functions=ac.functions,
+                                 shell=True)
             (adir / "command").write_text(masker.text(str(command)) + "\n", encoding="utf-8")
             policy = Policy(
                 argv=("/bin/sh", "-c", str(command)),

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from stockade.errors import InfraError, StaleOutput, TamperedArtifact, UserError
 from stockade.expr import RenderError, compile_template, render, render_value
 from stockade.publish import PublishRequest, publish
-from stockade.runner.item import AttemptOutcome
+from stockade.runner.item import AttemptOutcome, located
 from stockade.spec.model import Step
 from stockade.workspace.artifacts import to_json_value
 from stockade.workspace.layout import ItemDir, write_json
@@ -33,9 +33,12 @@ def make_publisher(manifest: Mapping[str, Any], allow_stale: bool, base: Path) -
         started = ac.clock()
         try:
             fns = ac.functions
-            to = str(render(compile_template(cfg.to), tctx, functions=fns))
-            key = str(render(compile_template(cfg.key), tctx, functions=fns))
-            payload = to_json_value(render_value(cfg.payload, tctx, functions=fns))
+            with located(ac, step.id, "publish", "to"):
+                to = str(render(compile_template(cfg.to), tctx, functions=fns))
+            with located(ac, step.id, "publish", "key"):
+                key = str(render(compile_template(cfg.key), tctx, functions=fns))
+            with located(ac, step.id, "publish", "payload"):
+                payload = to_json_value(render_value(cfg.payload, tctx, functions=fns))
         except (RenderError, UserError, StaleOutput, TamperedArtifact) as exc:
             return AttemptOutcome("errored", n, message=getattr(exc, "message", None) or str(exc),
                                   started_at=started, ended_at=ac.clock(), retryable=False)
