@@ -532,3 +532,32 @@ def test_host_sysv_shared_memory_is_unreachable(world: World) -> None:
         libc.shmctl(shmid, 0, None)  # IPC_RMID
     assert "blocked" in r.out, r.both
     assert world.canary not in r.both
+
+
+def test_pathname_unix_socket_on_host_fails(world: World) -> None:
+    # Like a container daemon's socket: world-writable, outside the item.
+    path = world.base / "daemon.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    path.chmod(0o777)
+    srv.listen(1)
+    srv.settimeout(0.5)
+    r = world.py(
+        "import socket, sys\n"
+        "try:\n"
+        "    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "    s.connect(sys.argv[1])\n"
+        "    print('connected')\n"
+        "except OSError as e:\n"
+        "    print('blocked', e.errno)\n",
+        str(path),
+    )
+    try:
+        conn, _ = srv.accept()
+        conn.close()
+        reached = True
+    except OSError:
+        reached = False
+    srv.close()
+    assert not reached and "connected" not in r.out, r.both
+    assert "blocked" in r.out
