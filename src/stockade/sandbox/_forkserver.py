@@ -1,20 +1,29 @@
-"""The landlock exec helper: a single-threaded fork server, one per engine.
+"""The exec helper: a small single-threaded process that starts jails.
 
-Starting Python costs ~60 ms, so one helper is started once and forks a child
-per item. The engine sends spawn requests as JSON over a ``SOCK_SEQPACKET``
-socket with the item's stdout and stderr passed by ``SCM_RIGHTS``. The forked
-child starts a new session, sets the parent-death signal and rlimits, drops
-to the jail uid (when the engine is root), applies Landlock, sets
-no_new_privs, installs the seccomp filter and ``execve``s. The server reports
-``started`` (pid) or ``failed`` (why), then ``exited`` (status) after reaping;
-when an item's main process exits, the rest of its process group is killed
-(as bwrap's pid namespace would be). The helper is a child subreaper, so
-orphans come back to it and are reaped.
+Starting Python costs ~60 ms and forking the engine costs more with every
+thread and megabyte it holds, so the engine starts a few of these once and
+sends them spawn requests (JSON over a ``SOCK_SEQPACKET`` socket, the item's
+stdout/stderr and any extra fds passed by ``SCM_RIGHTS``).
 
-When the engine closes its end, the helper kills every jail and exits; it
-also dies with the engine (PDEATHSIG).
+* ``mode: landlock``: the helper builds the Landlock ruleset from paths it
+  opens (system paths cached across items), forks, and the child starts a
+  session, sets the parent-death signal and rlimits, drops to the jail uid
+  (or, for root-only paths, keeps euid 0 with no capabilities and real uid
+  nobody), enforces Landlock, installs seccomp and ``execve``s.
+* ``mode: plain`` (bwrap confines itself): ``posix_spawn`` of bwrap, through
+  ``setpriv`` only when a uid must change; sources below root-only
+  directories are bind-mounted onto bridge points in a private mount
+  namespace by a forked child first.
 
-Standard library only, plus the two stdlib-only sibling modules.
+Replies: ``exited`` (status) after reaping, ``failed`` (why), and ``started``
+(pid) only when asked. Kills arrive by job id and are applied only to an
+unreaped child. When an item's main process exits, the rest of its process
+group is killed (as bwrap's pid namespace would be). The helper is a child
+subreaper; it kills every jail and exits when the engine closes its end, and
+dies with the engine (PDEATHSIG).
+
+Standard library only, plus the two stdlib-only sibling modules: it is
+loaded without the ``stockade`` package (see ``_spawner``).
 """
 
 from __future__ import annotations
