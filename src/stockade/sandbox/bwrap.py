@@ -36,6 +36,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -303,6 +304,7 @@ class BwrapBackend(Backend):
         self._filter: bytes | None = None
         self._etc_tmp: str | None = None
         self._bridge_root: str | None = None
+        self._prepare_lock = threading.Lock()
         self._helpers = HelperPool()
         #: For a root engine: helpers that already run as the jail uid.
         self._jail_helpers = HelperPool(user=(JAIL_UID, JAIL_GID))
@@ -329,6 +331,10 @@ class BwrapBackend(Backend):
         )
 
     def _prepare(self) -> tuple[HostLayout, bytes]:
+        with self._prepare_lock:
+            return self._prepare_locked()
+
+    def _prepare_locked(self) -> tuple[HostLayout, bytes]:
         if self._layout is None or self._filter is None:
             self._etc_tmp = tempfile.mkdtemp(prefix="stockade-etc-")
             os.chmod(self._etc_tmp, 0o755)
