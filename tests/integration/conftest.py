@@ -61,9 +61,18 @@ class Project:
         return self.root / "runs" / run_id / step / str(item)
 
 
-@pytest.fixture
-def project(tmp_path: Path) -> Project:
-    return Project(tmp_path)
+@pytest.fixture(params=["default", "landlock"])
+def project(request: pytest.FixtureRequest, tmp_path: Path) -> Project:
+    """Each CLI test runs under the backend a user gets by default (bwrap where
+    it works) and again under landlock, the fallback for machines without it.
+    ``STOCKADE_SANDBOX`` in the test environment pins one backend instead."""
+    p = Project(tmp_path)
+    if "STOCKADE_SANDBOX" in os.environ:
+        if request.param != "default":
+            pytest.skip(f"STOCKADE_SANDBOX={os.environ['STOCKADE_SANDBOX']} pins the backend")
+    elif request.param != "default":
+        p.env["STOCKADE_SANDBOX"] = request.param
+    return p
 
 
 ProjectFactory = Callable[[], Project]
