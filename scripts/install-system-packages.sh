@@ -1,11 +1,15 @@
 #!/bin/sh
 # Install what stockade's sandbox and tests use, where this machine allows it:
-# bubblewrap (the bwrap backend), git (tree()), PostgreSQL (the store's and the
-# sinks' tests). Without root or passwordless sudo it only says what is missing.
+# bubblewrap (the bwrap backend), util-linux (prlimit, setpriv: limits and the
+# jail user), git (tree()), PostgreSQL (the store's and the sinks' tests), and
+# curl and a system python3 (steps in the tests and examples run them in jails). Without root or passwordless sudo it only says what is missing.
 set -u
 missing=""
 command -v bwrap >/dev/null 2>&1 || missing="$missing bubblewrap"
 command -v git >/dev/null 2>&1 || missing="$missing git"
+command -v curl >/dev/null 2>&1 || missing="$missing curl"
+[ -x /usr/bin/python3 ] || missing="$missing python3"
+{ command -v prlimit && command -v setpriv; } >/dev/null 2>&1 || missing="$missing util-linux"
 if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   missing="$missing postgresql"
 fi

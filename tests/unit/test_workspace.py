@@ -155,3 +155,11 @@ def test_materialise_text_and_json(tmp_path: Path, value: object, expected: byte
 def test_input_names_stay_inside_work_and_outside_out(tmp_path: Path, name: str) -> None:
     with pytest.raises(UserError):
         materialise(tmp_path, name, "x", "r")
+
+
+def test_collect_outputs_strips_setuid_and_setgid(tmp_path: Path) -> None:
+    f = tmp_path / "tool"
+    f.write_bytes(b"#!/bin/sh\n")
+    os.chmod(f, 0o6755)
+    collect_outputs(tmp_path)
+    assert oct(f.stat().st_mode & 0o7777) == oct(0o755)

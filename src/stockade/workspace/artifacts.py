@@ -221,6 +221,10 @@ def collect_outputs(out_dir: Path) -> list[Output]:
             elif st.st_nlink > 1:
                 bad.append(f"{rel} (hard link)")
             else:
+                if st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                    # A jail's setuid file must not become a privilege on the host.
+                    os.chmod(p, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID),
+                             follow_symlinks=False)
                 digest, size = sha256_file(p)
                 found.append(Output(rel, digest, size))
     if bad:
