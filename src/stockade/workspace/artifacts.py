@@ -223,8 +223,11 @@ def collect_outputs(out_dir: Path) -> list[Output]:
             else:
                 if st.st_mode & (stat.S_ISUID | stat.S_ISGID):
                     # A jail's setuid file must not become a privilege on the host.
-                    os.chmod(p, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID),
-                             follow_symlinks=False)
+                    fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+                    try:
+                        os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+                    finally:
+                        os.close(fd)
                 digest, size = sha256_file(p)
                 found.append(Output(rel, digest, size))
     if bad:
