@@ -123,6 +123,26 @@ def test_complete_item_replaces_and_forget_drops(store: Store) -> None:
     assert [(i.step, i.item) for i in store.items("r1")] == [("t", 3)]
 
 
+def test_record_batch_writes_attempts_and_items_together(store: Store) -> None:
+    store.create_run(run())
+    store.complete_item(ItemRecord("r1", "s", 0, "failed", 1),
+                        [ArtifactRecord("r1", "s", 0, 1, "old", "00" * 32, 1)])
+    store.record_batch(
+        [AttemptRecord("r1", "s", 0, 1, "failed", 1, 1.0, 2.0, "boom"),
+         AttemptRecord("r1", "s", 0, 2, "succeeded", 0, 2.0, 3.0),
+         AttemptRecord("r1", "s", 1, 1, "succeeded", 0, 2.0, 3.0)],
+        [(ItemRecord("r1", "s", 0, "succeeded", 2),
+          [ArtifactRecord("r1", "s", 0, 2, "new", "11" * 32, 2)]),
+         (ItemRecord("r1", "s", 1, "succeeded", 1), [])],
+    )
+    store.record_batch([], [])
+    items = store.items("r1", "s")
+    assert [(i.item, i.status, i.attempt) for i in items] == [(0, "succeeded", 2), (1, "succeeded", 1)]
+    assert [a.name for a in items[0].outputs] == ["new"]
+    assert [a.outcome for a in store.attempts("r1", "s", 0)] == ["failed", "succeeded"]
+    assert [a.attempt for a in store.attempts("r1", "s", 1)] == [1]
+
+
 def test_events_in_order_after_id(store: Store) -> None:
     for k in ("a", "b", "c"):
         store.add_event(Event("r1", 1.0, k, {"k": k}))

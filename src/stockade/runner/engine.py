@@ -10,6 +10,7 @@ Must not import the CLI.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -30,6 +31,9 @@ from stockade.workspace.layout import ItemDir, RunDir, read_json, write_json
 
 #: How many item tasks may wait in the pool beyond the ones running.
 QUEUE_SLACK = 2
+#: Bookkeeping of finished items is written in batches of this many, or this often.
+FLUSH_EVERY = 64
+FLUSH_SECONDS = 0.25
 
 
 class Reporter(Protocol):
@@ -75,7 +79,7 @@ class Engine:
         jobs: int,
         reporter: Reporter,
         resume: bool = False,
-        publisher: Callable[..., AttemptOutcome] | None = None,
+        publisher: Callable[..., AttemptOutcome],
         agent_factory: Callable[..., AttemptOutcome] | None = None,
     ) -> None:
         self.spec, self.plan, self.run, self.store = spec, plan, run, store
@@ -89,6 +93,9 @@ class Engine:
         self.views: dict[str, dict[str, Any]] = {}
         self.messages: list[str] = []
         self.verified: dict[tuple[str, int], ItemRecord] = {}
+        self._pending_attempts: list[AttemptRecord] = []
+        self._pending_items: list[tuple[ItemRecord, list[ArtifactRecord]]] = []
+        self._flushed_at = time.monotonic()
         self.ac = replace(attempt_context, locate=self.locate)
         self._index = {s.id: i for i, s in enumerate(spec.workflow.steps)}
 
@@ -153,7 +160,7 @@ class Engine:
             self.load_verified()
         pending = deque(self.plan.order)
         queue: deque[tuple[Step, int, Any]] = deque()
-        inflight: dict[Future[AttemptOutcome], tuple[Step, int, Any]] = {}
+        inflight: dict[Future[tuple[AttemptOutcome, list[AttemptRecord]]], tuple[Step, int, Any]] = {}
         interrupted = False
         pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="item")
         try:
@@ -168,7 +175,9 @@ class Engine:
                     if progressed:
                         continue
                     break
-                done, _ = wait(list(inflight), timeout=0.5, return_when=FIRST_COMPLETED)
+                done, _ = wait(list(inflight), timeout=FLUSH_SECONDS, return_when=FIRST_COMPLETED)
+                if not done:
+                    self.flush()
                 for fut in done:
                     step, index, value = inflight.pop(fut)
                     self._record(step, index, value, fut.result())
@@ -181,6 +190,7 @@ class Engine:
                     self._record(step, index, value, fut.result())
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+            self.flush()
         return self._summary(interrupted)
 
     def cancel(self) -> None:
@@ -283,21 +293,20 @@ class Engine:
                 self.messages.append(f"{st.step.id}/{index}: {message}")
             self.reporter.item_finished(st.step.id, index, status, 1, message)
 
-    def _run_item(self, step: Step, index: int, value: Any) -> AttemptOutcome:
+    def _run_item(self, step: Step, index: int, value: Any) -> tuple[AttemptOutcome, list[AttemptRecord]]:
         idir = self.run.item(step.id, index)
         tctx = self.context(step, value, with_item=step.for_each is not None)
         outcome = AttemptOutcome("errored", 0)
+        history: list[AttemptRecord] = []
         if self.resume:
             self._record_lost_attempts(step.id, index, idir)
         for _ in range(step.retries + 1):
             if step.publish is not None:
-                if self.publisher is None:
-                    return AttemptOutcome("errored", 1, message="publishing is not available")
                 outcome = self.publisher(self, step, index, idir, tctx)
             else:
                 outcome = run_attempt(self.ac, step, index, idir, tctx,
                                       agent_factory=self.agent_factory)
-            self.store.record_attempt(AttemptRecord(
+            history.append(AttemptRecord(
                 self.run.run_id, step.id, index, outcome.attempt, outcome.status,
                 outcome.exit_code, outcome.started_at, outcome.ended_at, outcome.message))
             if outcome.status in ("succeeded", "fenced") or not outcome.retryable \
@@ -312,7 +321,7 @@ class Engine:
             "attempt": outcome.attempt,
             "outputs": [{"name": o.name, "sha256": o.sha256, "size": o.size} for o in outcome.outputs],
         })
-        return outcome
+        return outcome, history
 
     def _record_lost_attempts(self, step: str, index: int, idir: ItemDir) -> None:
         """Attempts on disk that a crashed engine never recorded as finished."""
@@ -324,7 +333,9 @@ class Engine:
                     self.run.run_id, step, index, n, "lost", None, at, at,
                     "the engine stopped during this attempt"))
 
-    def _record(self, step: Step, index: int, value: Any, outcome: AttemptOutcome) -> None:
+    def _record(self, step: Step, index: int, value: Any,
+                done: tuple[AttemptOutcome, list[AttemptRecord]]) -> None:
+        outcome, history = done
         st = self.states[step.id]
         arts = [ArtifactRecord(self.run.run_id, step.id, index, outcome.attempt, o.name, o.sha256, o.size)
                 for o in outcome.outputs]
@@ -333,7 +344,11 @@ class Engine:
             result=outcome.result, value=to_json_value(value), message=outcome.message,
             started_at=outcome.started_at, ended_at=outcome.ended_at, outputs=tuple(arts),
         )
-        self.store.complete_item(rec, arts)
+        self._pending_attempts.extend(history)
+        self._pending_items.append((rec, arts))
+        if len(self._pending_items) >= FLUSH_EVERY or \
+                time.monotonic() - self._flushed_at >= FLUSH_SECONDS:
+            self.flush()
         st.results[index] = ItemResult(index, outcome.status, value, outcome.result,
                                        artifacts_of(rec, self.run.path, self.run.run_id))
         if outcome.status != "succeeded":
@@ -342,9 +357,22 @@ class Engine:
         self.reporter.item_finished(step.id, index, outcome.status, outcome.attempt, outcome.message)
         self._maybe_finish(st)
 
+    def flush(self) -> None:
+        """Write the bookkeeping of finished items in one transaction.
+
+        Batching keeps the store off the per-item path. A crash before a flush
+        loses nothing that matters: resume trusts an item only when the store
+        and its completion file agree, so an unflushed item simply runs again.
+        """
+        if self._pending_attempts or self._pending_items:
+            self.store.record_batch(self._pending_attempts, self._pending_items)
+            self._pending_attempts, self._pending_items = [], []
+        self._flushed_at = time.monotonic()
+
     def _maybe_finish(self, st: StepState) -> None:
         if st.status != "running" or len(st.results) < st.total:
             return
+        self.flush()
         st.status = "failed" if st.bad else "succeeded"
         if st.bad:
             st.message = f"{st.bad} of {st.total} items did not succeed"

@@ -233,6 +233,7 @@ def run_jail(
         from stockade.sandbox import EgressProxy  # only steps with an allowlist pay for it
 
         assert isinstance(step.network, list)
+        policy.scratch_dir.mkdir(parents=True, exist_ok=True)
         proxy = EgressProxy(step.network, adir / "network.jsonl", policy.scratch_dir)
         proxy.start()
         policy = Policy(**{**policy.__dict__, "proxy_socket": proxy.socket_path})

@@ -180,6 +180,18 @@ class Store(abc.ABC):
     def complete_item(self, item: ItemRecord, outputs: list[ArtifactRecord]) -> None:
         """Atomically replace the item's completion record and its artifacts."""
 
+    def record_batch(
+        self,
+        attempts: list[AttemptRecord],
+        items: list[tuple[ItemRecord, list[ArtifactRecord]]],
+    ) -> None:
+        """Record finished attempts and items together; one transaction where the
+        implementation can (the runner batches its bookkeeping through this)."""
+        for a in attempts:
+            self.record_attempt(a)
+        for item, outputs in items:
+            self.complete_item(item, outputs)
+
     @abc.abstractmethod
     def forget_item(self, run_id: str, step: str, item: int) -> None:
         """Drop a completion record that did not verify (before it is rerun)."""

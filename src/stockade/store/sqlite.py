@@ -232,13 +232,16 @@ class SQLiteStore(Store):
 
     # -- attempts and items ------------------------------------------------
 
-    def record_attempt(self, attempt: AttemptRecord) -> None:
-        a = attempt
-        self._tx([(
+    @staticmethod
+    def _attempt_stmt(a: AttemptRecord) -> tuple[str, tuple[Any, ...]]:
+        return (
             "INSERT OR REPLACE INTO attempts VALUES (?,?,?,?,?,?,?,?,?)",
             (a.run_id, a.step, a.item, a.attempt, a.outcome, a.exit_code, a.started_at,
              a.ended_at, a.message),
-        )])
+        )
+
+    def record_attempt(self, attempt: AttemptRecord) -> None:
+        self._tx([self._attempt_stmt(attempt)])
 
     def attempts(self, run_id: str, step: str, item: int) -> list[AttemptRecord]:
         rows = self._rows(
@@ -247,8 +250,8 @@ class SQLiteStore(Store):
         )
         return [AttemptRecord(*r) for r in rows]
 
-    def complete_item(self, item: ItemRecord, outputs: list[ArtifactRecord]) -> None:
-        i = item
+    @staticmethod
+    def _item_stmts(i: ItemRecord, outputs: list[ArtifactRecord]) -> list[tuple[str, tuple[Any, ...]]]:
         stmts: list[tuple[str, tuple[Any, ...]]] = [
             ("DELETE FROM artifacts WHERE run_id=? AND step=? AND item=?", (i.run_id, i.step, i.item)),
             (
@@ -262,7 +265,21 @@ class SQLiteStore(Store):
                 "INSERT INTO artifacts VALUES (?,?,?,?,?,?,?)",
                 (a.run_id, a.step, a.item, a.attempt, a.name, a.sha256, a.size),
             ))
-        self._tx(stmts)
+        return stmts
+
+    def complete_item(self, item: ItemRecord, outputs: list[ArtifactRecord]) -> None:
+        self._tx(self._item_stmts(item, outputs))
+
+    def record_batch(
+        self,
+        attempts: list[AttemptRecord],
+        items: list[tuple[ItemRecord, list[ArtifactRecord]]],
+    ) -> None:
+        stmts = [self._attempt_stmt(a) for a in attempts]
+        for item, outputs in items:
+            stmts.extend(self._item_stmts(item, outputs))
+        if stmts:
+            self._tx(stmts)
 
     def forget_item(self, run_id: str, step: str, item: int) -> None:
         self._tx([

@@ -105,26 +105,33 @@ class ItemDir:
         """Start a new attempt: retire the old ``work/``, create a fresh one.
 
         Returns the new attempt number (from 1). The retired tree lands in the
-        previous attempt's meta folder, outside every jail.
+        previous attempt's meta folder, outside every jail. The scratch folder
+        (HOME/TMPDIR for backends without a private tmpfs) is left to the
+        backend to create, so backends that do not need it pay nothing.
         """
         previous = self.last_attempt()
         n = previous + 1
-        if self.work.exists() or self.work.is_symlink():
+        work = str(self.work)
+        if os.path.lexists(work):
             if previous:
                 dest = self.attempt_dir(previous) / "work"
                 if dest.exists():
                     shutil.rmtree(dest)
                 self.attempt_dir(previous).mkdir(parents=True, exist_ok=True)
-                os.replace(self.work, dest)
+                os.replace(work, dest)
             else:
-                shutil.rmtree(self.work)
-        self.attempt_dir(n).mkdir(parents=True)
-        self.work.mkdir(parents=True)
-        self.out.mkdir()
-        if self.scratch.exists():
-            shutil.rmtree(self.scratch, ignore_errors=True)
-        self.scratch.mkdir(parents=True)
+                shutil.rmtree(work)
+        os.makedirs(self.attempt_dir(n))
+        os.mkdir(work)
+        os.mkdir(os.path.join(work, "out"))
+        self.end_attempt()
         return n
 
     def end_attempt(self) -> None:
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        scratch = str(self.scratch)
+        try:
+            os.rmdir(scratch)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            shutil.rmtree(scratch, ignore_errors=True)
