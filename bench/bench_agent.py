@@ -104,10 +104,11 @@ def backends() -> list[Backend]:
         from stockade.sandbox.bwrap import BwrapBackend
 
         b = BwrapBackend()
-        with tempfile.TemporaryDirectory() as d:
+        with tempfile.TemporaryDirectory() as d, open(os.devnull, "wb") as null:
             os.chmod(d, 0o755)
             pol = Policy(argv=("/bin/true",), work_dir=Path(d), scratch_dir=Path(d) / "s", env={"PATH": "/usr/bin:/bin"})
-            if b.availability().available and b.start(pol, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).wait(30) == 0:
+            # Backends take files or real descriptors, not subprocess.DEVNULL.
+            if b.availability().available and b.start(pol, stdout=null, stderr=null).wait(30) == 0:
                 out.append(b)
             else:
                 print("bwrap: backend present but cannot start a jail here; skipped")
