@@ -416,3 +416,47 @@ def test_logs_and_runs(project: Project) -> None:
     assert project.run("logs", "lg", "a/0").out == "hello\n"
     assert project.run("logs", "lg", "a/0", "--stderr").out == "oops\n"
     assert "lg" in project.run("runs").out
+
+
+def test_none_backend_is_announced_and_recorded_everywhere(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: unjailed
+        steps:
+          - id: a
+            run: echo x > out/x.txt
+          - id: b
+            isolate: false
+            run: echo y > out/y.txt
+    """)
+    r = project.run("run", str(wf), "--run-id", "n1", "--sandbox", "none")
+    assert r.code == 0, r.err
+    assert "NOT ENFORCED" in r.err.splitlines()[1]
+    manifest = json.loads((project.root / "runs/n1/manifest.json").read_text())
+    assert manifest["sandbox"]["backend"] == "none"
+    assert manifest["sandbox"]["enforced"] is False
+    assert manifest["sandbox"]["limitations"]
+    for step in ("a", "b"):
+        prov = json.loads((project.item("n1", step) / "meta/attempts/1/provenance.json").read_text())
+        assert prov["sandbox"]["enforced"] is False
+        assert all(o["enforced"] is False for o in prov["outputs"])
+    assert "not enforced" in project.run("runs").out
+
+
+def test_isolate_false_is_recorded_as_an_opt_out(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: optout
+        steps:
+          - id: jailed
+            run: echo x > out/x.txt
+          - id: free
+            isolate: false
+            run: echo y > out/y.txt
+    """)
+    r = project.run("run", str(wf), "--run-id", "o1")
+    assert r.code == 0, r.err
+    assert "free: isolate: false - runs WITHOUT a sandbox" in r.err
+    jailed = json.loads((project.item("o1", "jailed") / "meta/attempts/1/provenance.json").read_text())
+    free = json.loads((project.item("o1", "free") / "meta/attempts/1/provenance.json").read_text())
+    assert free["sandbox"] == {"backend": "none", "enforced": False, "isolate": False}
+    assert jailed["sandbox"]["isolate"] is True
+    assert jailed["sandbox"]["enforced"] is True

@@ -225,6 +225,10 @@ class Engine:
                 continue
             st.status, st.total = "running", len(items)
             self.reporter.step_started(sid, len(items))
+            if not st.step.isolate and st.step.kind in ("run", "agent"):
+                self.reporter.echo(f"{sid}: isolate: false - runs WITHOUT a sandbox (recorded)")
+                self.store.add_event(Event(self.run.run_id, self.ac.clock(), "isolation_opt_out",
+                                           {"step": sid}))
             self.store.add_event(Event(self.run.run_id, self.ac.clock(), "step_started",
                                        {"step": sid, "items": len(items)}))
             if st.step.kind == "keep":
