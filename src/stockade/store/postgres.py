@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 
 from stockade.errors import InfraError
+from stockade.store._rows import dump_json, effect_from_row, item_from_row, run_from_row
 from stockade.store.base import (
     ArtifactRecord,
     AttemptRecord,
@@ -42,9 +43,6 @@ _SCHEMA_LOCK = 0x5707CADE
 #: The database clock in seconds; ``clock_timestamp()`` moves inside a transaction.
 NOW_SQL = "extract(epoch from clock_timestamp())::float8"
 
-
-def _dump(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
 def connect(conninfo: str) -> psycopg.Connection[tuple[Any, ...]]:
@@ -135,23 +133,16 @@ class PostgresStore(Store):
                 (status, ended_at, run_id),
             )
 
-    @staticmethod
-    def _run(row: tuple[Any, ...]) -> RunRecord:
-        return RunRecord(
-            run_id=row[0], workflow=row[1], workflow_path=row[2], workflow_sha256=row[3],
-            root=row[4], status=row[5], started_at=row[6], ended_at=row[7], sandbox=row[8],
-            enforced=bool(row[9]),
-        )
 
     def get_run(self, run_id: str) -> RunRecord | None:
         rows = self._rows("SELECT * FROM stockade_runs WHERE run_id=%s", (run_id,))
-        return self._run(rows[0]) if rows else None
+        return run_from_row(rows[0]) if rows else None
 
     def list_runs(self, limit: int = 50) -> list[RunRecord]:
         rows = self._rows(
             "SELECT * FROM stockade_runs ORDER BY started_at DESC, run_id DESC LIMIT %s", (limit,)
         )
-        return [self._run(r) for r in rows]
+        return [run_from_row(r) for r in rows]
 
     # -- attempts and items ------------------------------------------------
 
@@ -189,7 +180,7 @@ class PostgresStore(Store):
                 " attempt=EXCLUDED.attempt, result=EXCLUDED.result, value=EXCLUDED.value,"
                 " message=EXCLUDED.message, started_at=EXCLUDED.started_at,"
                 " ended_at=EXCLUDED.ended_at",
-                (i.run_id, i.step, i.item, i.status, i.attempt, _dump(i.result), _dump(i.value),
+                (i.run_id, i.step, i.item, i.status, i.attempt, dump_json(i.result), dump_json(i.value),
                  i.message, i.started_at, i.ended_at),
             )
             if outputs:
@@ -216,13 +207,7 @@ class PostgresStore(Store):
             arts.setdefault((r[1], r[2]), []).append(ArtifactRecord(*r))
         out = []
         for r in self._rows(f"SELECT * FROM stockade_items WHERE {where} ORDER BY step, item", args):
-            out.append(ItemRecord(
-                run_id=r[0], step=r[1], item=r[2], status=r[3], attempt=r[4],
-                result=json.loads(r[5]) if r[5] is not None else None,
-                value=json.loads(r[6]) if r[6] is not None else None,
-                message=r[7], started_at=r[8], ended_at=r[9],
-                outputs=tuple(arts.get((r[1], r[2]), ())),
-            ))
+            out.append(item_from_row(r, arts.get((r[1], r[2]), ())))
         return out
 
     # -- events ------------------------------------------------------------
@@ -231,7 +216,7 @@ class PostgresStore(Store):
         with self._tx() as cur:
             cur.execute(
                 "INSERT INTO stockade_events (run_id, at, kind, data) VALUES (%s,%s,%s,%s)",
-                (event.run_id, event.at, event.kind, _dump(event.data)),
+                (event.run_id, event.at, event.kind, dump_json(event.data)),
             )
 
     def events(self, run_id: str, after_id: int = 0) -> list[Event]:
@@ -347,14 +332,6 @@ class PostgresStore(Store):
 
     # -- effects -----------------------------------------------------------
 
-    @staticmethod
-    def _effect(r: tuple[Any, ...]) -> Effect:
-        return Effect(
-            key=r[0], run_id=r[1], step=r[2], item=int(r[3]), attempt=int(r[4]), lease=r[5],
-            sink=r[6], sink_key=r[7], payload_sha256=r[8], status=r[9],
-            token=None if r[10] is None else int(r[10]), claimed_at=float(r[11]),
-            finished_at=None if r[12] is None else float(r[12]), message=r[13],
-        )
 
     def claim_effect(self, effect: Effect) -> Effect:
         e = effect
@@ -372,7 +349,7 @@ class PostgresStore(Store):
             )
             row = cur.execute("SELECT * FROM stockade_effects WHERE key = %s", (e.key,)).fetchone()
         assert row is not None
-        return self._effect(row)
+        return effect_from_row(row)
 
     def finish_effect(
         self, key: str, *, status: str, token: int | None, at: float, message: str = ""
@@ -388,10 +365,10 @@ class PostgresStore(Store):
 
     def get_effect(self, key: str) -> Effect | None:
         rows = self._rows("SELECT * FROM stockade_effects WHERE key = %s", (key,))
-        return self._effect(rows[0]) if rows else None
+        return effect_from_row(rows[0]) if rows else None
 
     def effects(self, run_id: str) -> list[Effect]:
-        return [self._effect(r) for r in self._rows(
+        return [effect_from_row(r) for r in self._rows(
             "SELECT * FROM stockade_effects WHERE run_id = %s ORDER BY key", (run_id,)
         )]
 

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from stockade.store._rows import dump_json, effect_from_row, item_from_row, run_from_row
 from stockade.store.base import (
     ArtifactRecord,
     AttemptRecord,
@@ -134,9 +135,6 @@ CREATE TABLE IF NOT EXISTS last_publish (
 NOW_SQL = "(julianday('now') - 2440587.5) * 86400.0"
 
 
-def _dump(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
-
 
 class SQLiteStore(Store):
     """A run store in one SQLite file. One connection, serialised by a lock."""
@@ -214,21 +212,14 @@ class SQLiteStore(Store):
     def update_run(self, run_id: str, *, status: str, ended_at: float | None) -> None:
         self._tx([("UPDATE runs SET status=?, ended_at=? WHERE run_id=?", (status, ended_at, run_id))])
 
-    @staticmethod
-    def _run(row: tuple[Any, ...]) -> RunRecord:
-        return RunRecord(
-            run_id=row[0], workflow=row[1], workflow_path=row[2], workflow_sha256=row[3],
-            root=row[4], status=row[5], started_at=row[6], ended_at=row[7], sandbox=row[8],
-            enforced=bool(row[9]),
-        )
 
     def get_run(self, run_id: str) -> RunRecord | None:
         rows = self._rows("SELECT * FROM runs WHERE run_id=?", (run_id,))
-        return self._run(rows[0]) if rows else None
+        return run_from_row(rows[0]) if rows else None
 
     def list_runs(self, limit: int = 50) -> list[RunRecord]:
         rows = self._rows("SELECT * FROM runs ORDER BY started_at DESC, run_id DESC LIMIT ?", (limit,))
-        return [self._run(r) for r in rows]
+        return [run_from_row(r) for r in rows]
 
     # -- attempts and items ------------------------------------------------
 
@@ -256,7 +247,7 @@ class SQLiteStore(Store):
             ("DELETE FROM artifacts WHERE run_id=? AND step=? AND item=?", (i.run_id, i.step, i.item)),
             (
                 "INSERT OR REPLACE INTO items VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (i.run_id, i.step, i.item, i.status, i.attempt, _dump(i.result), _dump(i.value),
+                (i.run_id, i.step, i.item, i.status, i.attempt, dump_json(i.result), dump_json(i.value),
                  i.message, i.started_at, i.ended_at),
             ),
         ]
@@ -294,13 +285,7 @@ class SQLiteStore(Store):
             arts.setdefault((r[1], r[2]), []).append(ArtifactRecord(*r))
         out = []
         for r in self._rows(f"SELECT * FROM items WHERE {where} ORDER BY step, item", args):
-            out.append(ItemRecord(
-                run_id=r[0], step=r[1], item=r[2], status=r[3], attempt=r[4],
-                result=json.loads(r[5]) if r[5] is not None else None,
-                value=json.loads(r[6]) if r[6] is not None else None,
-                message=r[7], started_at=r[8], ended_at=r[9],
-                outputs=tuple(arts.get((r[1], r[2]), ())),
-            ))
+            out.append(item_from_row(r, arts.get((r[1], r[2]), ())))
         return out
 
     # -- events ------------------------------------------------------------
@@ -308,7 +293,7 @@ class SQLiteStore(Store):
     def add_event(self, event: Event) -> None:
         self._tx([(
             "INSERT INTO events (run_id, at, kind, data) VALUES (?,?,?,?)",
-            (event.run_id, event.at, event.kind, _dump(event.data)),
+            (event.run_id, event.at, event.kind, dump_json(event.data)),
         )])
 
     def events(self, run_id: str, after_id: int = 0) -> list[Event]:
@@ -412,14 +397,6 @@ class SQLiteStore(Store):
 
     # -- effects -----------------------------------------------------------
 
-    @staticmethod
-    def _effect(r: tuple[Any, ...]) -> Effect:
-        return Effect(
-            key=r[0], run_id=r[1], step=r[2], item=int(r[3]), attempt=int(r[4]), lease=r[5],
-            sink=r[6], sink_key=r[7], payload_sha256=r[8], status=r[9],
-            token=None if r[10] is None else int(r[10]), claimed_at=float(r[11]),
-            finished_at=None if r[12] is None else float(r[12]), message=r[13],
-        )
 
     def claim_effect(self, effect: Effect) -> Effect:
         e = effect
@@ -435,7 +412,7 @@ class SQLiteStore(Store):
                  e.payload_sha256, e.token, e.claimed_at, e.message),
             )
             row = db.execute("SELECT * FROM effects WHERE key = ?", (e.key,)).fetchone()
-        return self._effect(row)
+        return effect_from_row(row)
 
     def finish_effect(
         self, key: str, *, status: str, token: int | None, at: float, message: str = ""
@@ -451,10 +428,10 @@ class SQLiteStore(Store):
 
     def get_effect(self, key: str) -> Effect | None:
         rows = self._rows("SELECT * FROM effects WHERE key = ?", (key,))
-        return self._effect(rows[0]) if rows else None
+        return effect_from_row(rows[0]) if rows else None
 
     def effects(self, run_id: str) -> list[Effect]:
-        return [self._effect(r) for r in self._rows(
+        return [effect_from_row(r) for r in self._rows(
             "SELECT * FROM effects WHERE run_id = ? ORDER BY key", (run_id,)
         )]
 
