@@ -27,7 +27,7 @@ from stockade.spec import Spec
 from stockade.spec.model import Step
 from stockade.store.base import ArtifactRecord, AttemptRecord, Event, ItemRecord, Store
 from stockade.workspace.artifacts import sha256_file, to_json_value
-from stockade.workspace.layout import ItemDir, RunDir, read_json, write_json
+from stockade.workspace.layout import ItemDir, RunDir, read_json, write_record
 
 #: How many item tasks may wait in the pool beyond the ones running.
 QUEUE_SLACK = 2
@@ -320,7 +320,7 @@ class Engine:
         # resume trusts only items on which both agree, so a crash between
         # the two reruns the item.
         idir.meta.mkdir(parents=True, exist_ok=True)
-        write_json(idir.completion, {
+        write_record(idir.completion, {
             "run_id": self.run.run_id, "step": step.id, "item": index, "status": outcome.status,
             "attempt": outcome.attempt,
             "outputs": [{"name": o.name, "sha256": o.sha256, "size": o.size} for o in outcome.outputs],

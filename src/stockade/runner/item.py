@@ -28,7 +28,7 @@ from stockade.workspace.artifacts import (
     materialise,
     to_json_value,
 )
-from stockade.workspace.layout import ItemDir, write_json
+from stockade.workspace.layout import ItemDir, write_record
 
 #: Results larger than this are cut in the store (the full stdout stays in meta/).
 MAX_RESULT = 4 << 20
@@ -45,6 +45,8 @@ class AttemptOutcome:
     started_at: float = 0.0
     ended_at: float = 0.0
     retryable: bool = True
+    #: The rendered ``run:`` command, secrets masked (kept in provenance.json).
+    command: str | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,7 @@ def run_attempt(
     outcome = AttemptOutcome("errored", n, started_at=started)
     masker = Masker(ac.host_env[s] for s in step.secrets if s in ac.host_env)
     inputs: list[Materialised] = []
+    shown: str | None = None
     try:
         rendered = render_inputs(ac, step, tctx)
         for name, value in rendered.items():
@@ -176,7 +179,7 @@ def run_attempt(
             with located(ac, step.id, "run"):
                 command = render(compile_template(step.run), tctx, functions=ac.functions,
                                  shell=True)
-            (adir / "command").write_text(masker.text(str(command)) + "\n", encoding="utf-8")
+            shown = masker.text(str(command))
             policy = Policy(
                 argv=("/bin/sh", "-c", str(command)),
                 work_dir=idir.work,
@@ -199,6 +202,7 @@ def run_attempt(
     finally:
         idir.end_attempt()
     outcome.ended_at = ac.clock()
+    outcome.command = shown
     write_provenance(ac, step, index, adir, outcome, inputs, backend_name(ac, step))
     return outcome
 
@@ -330,6 +334,7 @@ def write_provenance(
         "status": outcome.status,
         "message": outcome.message,
         "exit_code": outcome.exit_code,
+        "command": outcome.command,
         "started_at": outcome.started_at,
         "ended_at": outcome.ended_at,
         "sandbox": {"backend": backend, "enforced": enforced, "isolate": step.isolate},
@@ -345,4 +350,4 @@ def write_provenance(
             for o in outcome.outputs
         ],
     }
-    write_json(adir / "provenance.json", record)
+    write_record(adir / "provenance.json", record)

@@ -38,6 +38,17 @@ def write_json(path: Path, value: Any) -> None:
     atomic_write(path, (json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode())
 
 
+def write_record(path: Path, value: Any) -> None:
+    """Write a per-attempt record in place, without the temp file and rename.
+
+    For records whose readers treat an unreadable file as "not done"
+    (completion, provenance): a torn write after a crash only makes resume
+    run the item again, so the extra metadata operations buy nothing.
+    """
+    path.write_text(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
+                    encoding="utf-8")
+
+
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
