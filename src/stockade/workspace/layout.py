@@ -16,6 +16,7 @@ moved to ``meta/attempts/<n>/work`` first, so a retry never sees it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -132,7 +133,14 @@ class ItemDir:
                 os.replace(work, dest)
             else:
                 shutil.rmtree(work)
-        os.makedirs(self.attempt_dir(n))
+        if n == 1:
+            # Top-down, so no mkdir fails on a missing parent first (the
+            # step's folder exists after its first item).
+            os.makedirs(self.path, exist_ok=True)
+            for d in (self.meta, self.meta / "attempts"):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(d)
+        os.mkdir(self.attempt_dir(n))
         os.mkdir(work)
         os.mkdir(os.path.join(work, "out"))
         self.end_attempt()
