@@ -11,7 +11,14 @@ Compares, in the same run on the same machine:
 4. plan time (load + validate + plan + fan-out expansion) for 1k, 10k, 100k
    items, to show it grows linearly.
 
-Usage: ``python bench/bench_fanout.py [--items 1000] [--big 10000] [--sandbox none]``
+Usage: ``python bench/bench_fanout.py [--items 1000] [--big 10000] [--sandbox none] [--rounds 3]``
+
+Both sides create their item trees under ``$TMPDIR``. An item costs the
+engine about eleven new inodes (work/, out/, meta/attempts/<n>/, stdout,
+stderr, provenance, completion) against three for the anchor, so the ratio
+depends on the filesystem: on an ext4 that has just deleted many files the
+kernel's inode allocator dominates (seen with ``perf``); compare with
+``TMPDIR=/dev/shm`` or a freshly made filesystem.
 """
 
 from __future__ import annotations
