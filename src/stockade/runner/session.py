@@ -22,7 +22,7 @@ from typing import Any
 
 from stockade import __version__
 from stockade.errors import UserError
-from stockade.plan import build_plan
+from stockade.plan import Plan, build_plan
 from stockade.runner.engine import Engine, Reporter, RunSummary
 from stockade.runner.item import AttemptContext
 from stockade.sandbox.base import Backend
@@ -274,7 +274,7 @@ def resume_run(
 
 
 def _execute(
-    spec: Spec, plan: Any, run: RunDir, store: Store, choice: SandboxChoice,
+    spec: Spec, plan: Plan, run: RunDir, store: Store, choice: SandboxChoice,
     values: dict[str, Any], files: dict[str, HostFile], trees: dict[str, HostTree],
     opts: RunOptions, reporter: Reporter, env: dict[str, str], clock: Callable[[], float],
     interactive: bool, *, resume: bool, manifest: dict[str, Any],
