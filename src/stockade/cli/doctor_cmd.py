@@ -27,7 +27,7 @@ def _render(report: dict[str, Any]) -> None:
             "yes" if b["available"] else "no",
             "[green]yes[/green]" if b["enforced"] else "[red]no[/red]",
             "*" if b.get("active") else "",
-            b["reason"] + (f" ({b['install']})" if b.get("install") else ""),
+            b["reason"] + (f" (needs {b['install']})" if b.get("install") else ""),
         )
     console.print(table)
     if report.get("error"):

@@ -31,7 +31,7 @@ BACKEND_NAMES: tuple[str, ...] = ("bwrap", "landlock", "sandbox-exec", "none")
 INSTALL_HINTS: Mapping[str, str] = {
     "bwrap": "apt-get install bubblewrap (or dnf install bubblewrap)",
     "landlock": "a Linux kernel >= 5.13 with Landlock enabled (lsm=...,landlock)",
-    "sandbox-exec": "macOS (sandbox-exec ships with it)",
+    "sandbox-exec": "",  # the reason already says: macOS only
     "none": "",
 }
 
