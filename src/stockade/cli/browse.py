@@ -184,6 +184,8 @@ def _print_chain(node: dict[str, Any], indent: int) -> None:
             origin = f"{src['step']}/{src['item']}:out/{src['name']} attempt {src['attempt']}"
         elif origin in ("file", "tree"):
             origin = f"{origin}({src['path']!r})"
+        elif src.get("refs"):
+            origin = f"{origin} of {', '.join(src['refs'])}"
         click.echo(f"{pad}  <- {inp['name']}  sha256 {inp['sha256'][:16]}  from {origin}")
         if "from" in inp:
             _print_chain(inp["from"], indent + 2)

@@ -10,7 +10,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -125,6 +125,17 @@ def located(ac: AttemptContext, step: str, *path: str | int) -> Iterator[None]:
         raise UserError(f"{ac.locate(step, path)}: {message}") from exc
 
 
+def template_refs(value: Any) -> list[str]:
+    """The values a declared input was computed from, for ``stockade why``."""
+    if isinstance(value, str):
+        return list(compile_template(value).refs)
+    if isinstance(value, dict):
+        return [r for v in value.values() for r in template_refs(v)]
+    if isinstance(value, list):
+        return [r for v in value for r in template_refs(v)]
+    return []
+
+
 def render_inputs(ac: AttemptContext, step: Step, ctx: Mapping[str, Any]) -> dict[str, Any]:
     out = {}
     for name, value in step.inputs.items():
@@ -154,7 +165,9 @@ def run_attempt(
         rendered = render_inputs(ac, step, tctx)
         for name, value in rendered.items():
             with located(ac, step.id, "inputs", name):
-                inputs.append(materialise(idir.work, name, value, ac.run_id))
+                m = materialise(idir.work, name, value, ac.run_id)
+            refs = template_refs(step.inputs[name])
+            inputs.append(replace(m, source={**m.source, "refs": refs}) if refs else m)
         with located(ac, step.id, "env"):
             step_env = {
                 k: v if isinstance(v, str) else str(to_json_value(v))
