@@ -406,6 +406,8 @@ def test_why_shows_the_provenance_chain(project: Project) -> None:
     first = next(i for i in chain["inputs"] if i["name"] == "first.txt")
     assert first["from"]["step"] == "each"
     assert first["from"]["inputs"][1]["from"]["step"] == "gather"
+    kept = next(i for i in chain["inputs"] if i["name"] == "kept.json")
+    assert kept["source"] == {"kind": "json", "refs": ["steps.pick.result"]}
     text = project.run("why", "w1", "each/0", "greeting.txt")
     assert text.code == 0 and "gather/0:out/names.json" in text.out
 
