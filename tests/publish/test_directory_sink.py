@@ -144,18 +144,26 @@ def test_concurrent_writers_never_move_a_file_back(tmp_path: Path) -> None:
     out, store_path = tmp_path / "out", tmp_path / "s.db"
     tokens = [4, 1, 6, 2, 5, 3]
     results: dict[int, list[str]] = {}
-    barrier = threading.Barrier(len(tokens))
+    # A timeout, so a thread that dies before the barrier fails the test
+    # instead of hanging it.
+    barrier = threading.Barrier(len(tokens), timeout=30)
+    errors: list[BaseException] = []
 
     def go(t: int) -> None:
-        sink = DirectorySink(out, SQLiteStore(store_path))
-        barrier.wait()
-        results[t] = [sink.write(w(f"r{t}", t, key=f"k{j}", item=j)).status for j in range(4)]
+        try:
+            sink = DirectorySink(out, SQLiteStore(store_path))
+            barrier.wait()
+            results[t] = [sink.write(w(f"r{t}", t, key=f"k{j}", item=j)).status for j in range(4)]
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()
 
     threads = [threading.Thread(target=go, args=(t,)) for t in tokens]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
+    assert errors == []
     assert {read(out, f"k{j}")["fencing_token"] for j in range(4)} == {6}
     assert results[6] == ["applied"] * 4
     assert all(s in ("applied", "fenced") for r in results.values() for s in r)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -147,11 +148,26 @@ class SQLiteStore(Store):
         self._db = sqlite3.connect(
             self.path, check_same_thread=False, isolation_level=None, timeout=30.0
         )
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=30000")
+        self._wal()
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
         self._migrate()
+
+    def _wal(self) -> None:
+        # Switching a new file to WAL while another connection does the same
+        # answers "database is locked" at once: SQLite skips the busy handler
+        # there. Several engines (or test threads) opening one new store race
+        # on it, so wait and retry, as the busy handler would have.
+        for delay in (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0):
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc):
+                    raise
+                time.sleep(delay)
+        self._db.execute("PRAGMA journal_mode=WAL")
 
     def _migrate(self) -> None:
         # Stores made before last_publish learnt who published and with which token.
