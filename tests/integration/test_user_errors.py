@@ -130,3 +130,21 @@ def test_runtime_template_errors_name_the_field_position(project: Project) -> No
     assert f"{wf}:8:15: for_each must give a list" in problems
     assert f"{wf}:15:10: no key 'missing.txt'" in problems
     assert "Traceback" not in r.err
+
+
+def test_agent_step_without_credentials_says_what_to_set(project: Project) -> None:
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        project.env.pop(name, None)
+    wf = project.write("wf.yaml", """
+        name: nokey
+        steps:
+          - id: ask
+            agent:
+              model: openai/gpt-4.1-mini
+              prompt: Say hello.
+    """)
+    r = project.run("run", str(wf), "--json")
+    assert r.code == 1
+    problems = "\n".join(r.json()["problems"])
+    assert "needs OPENAI_API_KEY in the engine's environment" in problems
+    assert f"{wf}:" in problems

@@ -36,6 +36,16 @@ def run_agent_attempt(
     started: float,
 ) -> AttemptOutcome:
     assert step.agent is not None
+    provider = step.agent.model.split("/", 1)[0].upper()
+    if not ac.host_env.get(f"{provider}_API_KEY") and not ac.host_env.get(f"{provider}_BASE_URL"):
+        # Fail before a jail starts, with what to set, instead of an
+        # authentication error from the provider after the first turn.
+        return AttemptOutcome(
+            "errored", n, started_at=started, retryable=False,
+            message=(f"{ac.locate(step.id, ('agent', 'model'))}: {step.agent.model} needs "
+                     f"{provider}_API_KEY in the engine's environment (or {provider}_BASE_URL "
+                     "for a compatible server that needs no key); the key stays on the host"),
+        )
     with located(ac, step.id, "agent", "prompt"):
         prompt = str(render(compile_template(step.agent.prompt), tctx, functions=ac.functions))
     config = step.agent.model_copy(update={"prompt": prompt})
