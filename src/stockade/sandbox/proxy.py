@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stockade.errors import UserError
+from stockade.sandbox._relay import _pump  # one byte pump for the proxy and the jail relay
 
 DEFAULT_PORTS = (80, 443)
 _MAX_HEADER = 64 * 1024
@@ -230,16 +231,3 @@ class EgressProxy:
             self._conns.discard(upstream)
             upstream.close()
 
-
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while True:
-            data = src.recv(65536)
-            if not data:
-                break
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
