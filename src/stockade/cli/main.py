@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import click
 
@@ -64,7 +64,37 @@ root_option = click.option("--root", type=click.Path(file_okay=False), default=N
 json_option = click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """A group whose feature commands are imported only when used.
+
+    ``stockade run`` must start its first item fast, so it does not pay for
+    the agent, web and browse modules; an import error still fails loudly.
+    """
+
+    lazy: ClassVar[dict[str, str]] = {
+        "apply": "stockade.cli.apply_cmd:apply",
+        "doctor": "stockade.cli.doctor_cmd:doctor",
+        "logs": "stockade.cli.browse:logs",
+        "runs": "stockade.cli.browse:runs",
+        "show": "stockade.cli.browse:show",
+        "ui": "stockade.web.server:ui",
+        "why": "stockade.cli.browse:why",
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy:
+            import importlib
+
+            module, _, attr = self.lazy[cmd_name].partition(":")
+            command: click.Command = getattr(importlib.import_module(module), attr)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="stockade")
 def cli() -> None:
     """Run workflows of shell and AI-agent steps in jails, with provenance."""
@@ -218,22 +248,6 @@ def schema() -> None:
     click.echo(json.dumps(json_schema(), indent=2))
 
 
-def _register_optional() -> None:
-    """Commands whose modules live with their feature (sandbox, agent, web)."""
-    import importlib
-
-    for module, name in (("stockade.cli.doctor_cmd", "doctor"), ("stockade.cli.apply_cmd", "apply"),
-                         ("stockade.cli.browse", "runs"), ("stockade.cli.browse", "show"),
-                         ("stockade.cli.browse", "logs"), ("stockade.cli.browse", "why"),
-                         ("stockade.web.server", "ui")):
-        try:
-            cmd = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError):
-            continue
-        cli.add_command(cmd, name)
-
-
-_register_optional()
 
 
 def main() -> None:

@@ -52,7 +52,6 @@ class StepState:
     status: str = "pending"  # pending | running | succeeded | failed | skipped
     total: int = 0
     results: dict[int, ItemResult] = field(default_factory=dict)
-    bad: int = 0
     message: str = ""
 
 
@@ -219,7 +218,7 @@ class Engine:
             try:
                 with located(self.ac, sid, "for_each"):
                     items = self._items_of(st.step)
-            except (RenderError, UserError, ValueError, StaleOutput, TamperedArtifact) as exc:
+            except (RenderError, UserError, StaleOutput, TamperedArtifact) as exc:
                 st.status, st.message = "failed", str(getattr(exc, "message", None) or exc)
                 self._record_step_error(st)
                 continue
@@ -250,7 +249,10 @@ class Engine:
             value = render(compile_template(step.for_each), self.context(step), functions=self.ac.functions)
         else:
             value = step.for_each
-        return expand(value)
+        try:
+            return expand(value)
+        except ValueError as exc:  # plan.expand's way of saying "not a list"
+            raise UserError(str(exc)) from None
 
     def _skip(self, st: StepState, message: str) -> None:
         st.status, st.message = "skipped", message
@@ -293,7 +295,6 @@ class Engine:
                 self.run.run_id, st.step.id, index, status, 1, result=decision,
                 value=to_json_value(value), message=message, started_at=now, ended_at=now), [])
             if status != "succeeded":
-                st.bad += 1
                 self.messages.append(f"{st.step.id}/{index}: {message}")
             self.reporter.item_finished(st.step.id, index, status, 1, message)
 
@@ -356,7 +357,6 @@ class Engine:
         st.results[index] = ItemResult(index, outcome.status, value, outcome.result,
                                        artifacts_of(rec, self.run.path, self.run.run_id))
         if outcome.status != "succeeded":
-            st.bad += 1
             self.messages.append(f"{step.id}/{index}: {outcome.status}: {outcome.message}")
         self.reporter.item_finished(step.id, index, outcome.status, outcome.attempt, outcome.message)
         self._maybe_finish(st)
@@ -377,9 +377,10 @@ class Engine:
         if st.status != "running" or len(st.results) < st.total:
             return
         self.flush()
-        st.status = "failed" if st.bad else "succeeded"
-        if st.bad:
-            st.message = f"{st.bad} of {st.total} items did not succeed"
+        bad = sum(r.status != "succeeded" for r in st.results.values())
+        st.status = "failed" if bad else "succeeded"
+        if bad:
+            st.message = f"{bad} of {st.total} items did not succeed"
         else:
             self.views[st.step.id] = step_view(st.step.kind, st.step.for_each is not None,
                                                list(st.results.values()))

@@ -119,8 +119,7 @@ def located(ac: AttemptContext, step: str, *path: str | int) -> Iterator[None]:
     """Name the file position of the field being rendered in any error it raises."""
     try:
         yield
-    # ValueError is how plan.expand says a for_each value is not a list.
-    except (RenderError, UserError, StaleOutput, TamperedArtifact, ValueError) as exc:
+    except (RenderError, UserError, StaleOutput, TamperedArtifact) as exc:
         message = getattr(exc, "message", None) or str(exc)
         raise UserError(f"{ac.locate(step, path)}: {message}") from exc
 
