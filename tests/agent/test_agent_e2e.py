@@ -11,10 +11,10 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import backends, run_item
 from modelserver import Call, ModelServer, Seen, calls, say
 
 from stockade.spec.model import Agent
+from tests.agent.conftest import backends, run_item
 
 PROVIDERS = ["openai", "anthropic"]
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import run_item
 from modelserver import Call, ModelServer, calls, say
 
 from stockade.cli.apply_cmd import apply, changed_names, extra_names
 from stockade.spec.model import Agent
+from tests.agent.conftest import run_item
 
 UTILS = "def total(xs):\n    return round(sum(xs), 2)\n"
 APP = "print('app')\n"

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import backends
 from modelserver import Call, ModelServer, calls, say
+
+from tests.agent.conftest import backends
 
 STOCKADE = str(Path(sys.executable).with_name("stockade"))
 UTILS = "def total(xs):\n    return round(sum(xs), 2)\n"

@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import backends
 from modelserver import Call, ModelServer, Seen, Turn, calls, say
+
+from tests.agent.conftest import backends
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sceptic" / "workflow.yaml"
 STOCKADE = Path(sys.executable).with_name("stockade")
