@@ -61,17 +61,22 @@ class Project:
         return self.root / "runs" / run_id / step / str(item)
 
 
-@pytest.fixture(params=["default", "landlock"])
+#: Each CLI test runs under the backend a user gets by default (bwrap where it
+#: works) and again under landlock, the fallback for machines without it.
+#: ``STOCKADE_SANDBOX`` in the test environment pins one backend instead.
+BACKENDS = ["pinned"] if "STOCKADE_SANDBOX" in os.environ else ["default", "landlock"]
+
+
+@pytest.fixture(params=BACKENDS)
 def project(request: pytest.FixtureRequest, tmp_path: Path) -> Project:
-    """Each CLI test runs under the backend a user gets by default (bwrap where
-    it works) and again under landlock, the fallback for machines without it.
-    ``STOCKADE_SANDBOX`` in the test environment pins one backend instead."""
     p = Project(tmp_path)
-    if "STOCKADE_SANDBOX" in os.environ:
-        if request.param != "default":
-            pytest.skip(f"STOCKADE_SANDBOX={os.environ['STOCKADE_SANDBOX']} pins the backend")
-    elif request.param != "default":
-        p.env["STOCKADE_SANDBOX"] = request.param
+    if request.param == "landlock":
+        from stockade.sandbox import get_backend
+
+        avail = get_backend("landlock").availability()
+        if not avail.available:
+            pytest.skip(f"landlock is not available here: {avail.reason}")
+        p.env["STOCKADE_SANDBOX"] = "landlock"
     return p
 
 

@@ -57,9 +57,8 @@ def test_fan_out_with_artifacts_and_keep(project: Project) -> None:
     assert greeting.read_text() == "hello b from each/1 attempt 1\n"
     join = (project.item("r1", "join") / "meta" / "attempts" / "1" / "stdout").read_text()
     assert join.splitlines()[0] == "hello a from each/0 attempt 1"
-    kept = json.loads((project.item("r1", "join") / "meta/attempts/1/work").parent.joinpath(
-        "provenance.json").read_text())
-    sources = {i["name"]: i["source"] for i in kept["inputs"]}
+    prov = json.loads((project.item("r1", "join") / "meta/attempts/1/provenance.json").read_text())
+    sources = {i["name"]: i["source"] for i in prov["inputs"]}
     assert sources["first.txt"]["kind"] == "artifact"
     assert sources["first.txt"]["run_id"] == "r1"
     assert sources["first.txt"]["step"] == "each"
