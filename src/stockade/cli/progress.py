@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, Any
 
 
@@ -20,8 +20,6 @@ class _StepLine:
     done: int = 0
     failed: int = 0
     status: str = "pending"
-    message: str = ""
-    started: float = field(default_factory=time.monotonic)
 
 
 def _fmt_status(status: str) -> str:
@@ -124,7 +122,7 @@ class LiveReporter(PlainReporter):
     def step_finished(self, step: str, status: str, message: str) -> None:
         with self.lock:
             s = self.steps.setdefault(step, _StepLine())
-            s.status, s.message = status, message
+            s.status = status
 
     def echo(self, line: str) -> None:
         self.console.print(line, markup=False, highlight=False)

@@ -54,7 +54,6 @@ class AttemptContext:
     """Everything an attempt needs that is the same for the whole run."""
 
     run_id: str
-    run_path: Path
     backend: Backend
     enforced: bool
     host_env: Mapping[str, str]

@@ -283,7 +283,7 @@ def _execute(
 
     base = Path(spec.filename).resolve().parent
     ac = AttemptContext(
-        run_id=run.run_id, run_path=run.path, backend=choice.backend, enforced=choice.enforced,
+        run_id=run.run_id, backend=choice.backend, enforced=choice.enforced,
         host_env=env, secrets_allowed=frozenset(spec.workflow.secrets), clock=clock,
         functions=template_functions(base, files, trees), echo=reporter.echo,
         interactive=interactive, none_backend=NoneBackend(), cancelled=threading.Event(),
