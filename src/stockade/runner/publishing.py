@@ -7,7 +7,7 @@ outcome. Must not import the CLI.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,52 +23,52 @@ if TYPE_CHECKING:
     from stockade.runner.engine import Engine
 
 
-def make_publisher(manifest: Mapping[str, Any], allow_stale: bool, base: Path) -> Callable[..., AttemptOutcome]:
-    def publish_item(engine: Engine, step: Step, index: int, idir: ItemDir,
-                     tctx: Mapping[str, Any]) -> AttemptOutcome:
-        ac = engine.ac
-        cfg = step.publish
-        assert cfg is not None
-        n = idir.begin_attempt()
-        started = ac.clock()
-        try:
-            fns = ac.functions
-            with located(ac, step.id, "publish", "to"):
-                to = str(render(compile_template(cfg.to), tctx, functions=fns))
-            with located(ac, step.id, "publish", "key"):
-                key = str(render(compile_template(cfg.key), tctx, functions=fns))
-            with located(ac, step.id, "publish", "payload"):
-                payload = to_json_value(render_value(cfg.payload, tctx, functions=fns))
-        except (RenderError, UserError, StaleOutput, TamperedArtifact) as exc:
-            return AttemptOutcome("errored", n, message=getattr(exc, "message", None) or str(exc),
-                                  started_at=started, ended_at=ac.clock(), retryable=False)
-        finally:
-            idir.end_attempt()
-        req = PublishRequest(
-            run_id=ac.run_id, step=step.id, item=index, attempt=n, to=to, base_dir=base,
-            key=key, payload=payload,
-            lease=cfg.lease or f"{engine.spec.workflow.name}.{step.id}",
-            lease_ttl=cfg.lease_ttl, max_age=cfg.max_age,
-            run_started_at=float(manifest["started_at"]), allow_stale=allow_stale,
-            input_fingerprint=str(manifest.get("input_fingerprint", "")),
-        )
-        try:
-            out = publish(req, engine.store, clock=ac.clock)
-        except InfraError as exc:
-            return AttemptOutcome("errored", n, message=str(exc), started_at=started,
-                                  ended_at=ac.clock())
-        # publish() already records each warning as a structured event.
-        for warning in out.warnings:
-            ac.echo(f"warning: {step.id}/{index}: {warning}")
-        write_json(idir.attempt_dir(n) / "publish.json", {
-            "to": to, "key": key, "lease": req.lease, "status": out.status, "token": out.token,
-            "winner_token": out.winner_token, "already_applied": out.already_applied,
-            "message": out.message, "warnings": list(out.warnings),
-            "idempotency_key": f"{ac.run_id}/{step.id}/{index}",
-        })
-        return AttemptOutcome(
-            out.status, n, result={"key": key, "token": out.token}, message=out.message,
-            started_at=started, ended_at=ac.clock(), retryable=out.status == "failed",
-        )
-
-    return publish_item
+def publish_item(
+    engine: Engine, step: Step, index: int, idir: ItemDir, tctx: Mapping[str, Any], *,
+    manifest: Mapping[str, Any], allow_stale: bool, base: Path,
+) -> AttemptOutcome:
+    """One attempt of a publish item (the engine retries by calling again)."""
+    ac = engine.ac
+    cfg = step.publish
+    assert cfg is not None
+    n = idir.begin_attempt()
+    started = ac.clock()
+    try:
+        fns = ac.functions
+        with located(ac, step.id, "publish", "to"):
+            to = str(render(compile_template(cfg.to), tctx, functions=fns))
+        with located(ac, step.id, "publish", "key"):
+            key = str(render(compile_template(cfg.key), tctx, functions=fns))
+        with located(ac, step.id, "publish", "payload"):
+            payload = to_json_value(render_value(cfg.payload, tctx, functions=fns))
+    except (RenderError, UserError, StaleOutput, TamperedArtifact) as exc:
+        return AttemptOutcome("errored", n, message=getattr(exc, "message", None) or str(exc),
+                              started_at=started, ended_at=ac.clock(), retryable=False)
+    finally:
+        idir.end_attempt()
+    req = PublishRequest(
+        run_id=ac.run_id, step=step.id, item=index, attempt=n, to=to, base_dir=base,
+        key=key, payload=payload,
+        lease=cfg.lease or f"{engine.spec.workflow.name}.{step.id}",
+        lease_ttl=cfg.lease_ttl, max_age=cfg.max_age,
+        run_started_at=float(manifest["started_at"]), allow_stale=allow_stale,
+        input_fingerprint=str(manifest.get("input_fingerprint", "")),
+    )
+    try:
+        out = publish(req, engine.store, clock=ac.clock)
+    except InfraError as exc:
+        return AttemptOutcome("errored", n, message=str(exc), started_at=started,
+                              ended_at=ac.clock())
+    # publish() already records each warning as a structured event.
+    for warning in out.warnings:
+        ac.echo(f"warning: {step.id}/{index}: {warning}")
+    write_json(idir.attempt_dir(n) / "publish.json", {
+        "to": to, "key": key, "lease": req.lease, "status": out.status, "token": out.token,
+        "winner_token": out.winner_token, "already_applied": out.already_applied,
+        "message": out.message, "warnings": list(out.warnings),
+        "idempotency_key": f"{ac.run_id}/{step.id}/{index}",
+    })
+    return AttemptOutcome(
+        out.status, n, result={"key": key, "token": out.token}, message=out.message,
+        started_at=started, ended_at=ac.clock(), retryable=out.status == "failed",
+    )

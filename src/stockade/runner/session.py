@@ -305,13 +305,13 @@ def _execute(
 
 
 def _publisher(manifest: dict[str, Any], opts: RunOptions, base: Path) -> Callable[..., Any]:
-    def publish_item(*args: Any) -> Any:
+    def publish(*args: Any) -> Any:
         # Imported on first use: sinks pull in database drivers a shell-only run never needs.
-        from stockade.runner.publishing import make_publisher
+        from stockade.runner.publishing import publish_item
 
-        return make_publisher(manifest, opts.allow_stale, base)(*args)
+        return publish_item(*args, manifest=manifest, allow_stale=opts.allow_stale, base=base)
 
-    return publish_item
+    return publish
 
 
 def _agent_factory() -> Callable[..., Any]:
