@@ -218,23 +218,29 @@ def test_inherited_fd_is_closed(world: World) -> None:
     no_canary(world, r.both)
 
 
-def test_tcp_to_host_loopback_fails(world: World) -> None:
-    srv = socket.create_server(("127.0.0.1", 0))
-    srv.settimeout(3)
-    port = srv.getsockname()[1]
+
+def serve_canary(srv: socket.socket, canary: str) -> tuple[threading.Thread, list[bool]]:
+    """Accept one connection on a host listener and hand it the canary."""
     accepted: list[bool] = []
 
     def accept() -> None:
         try:
             conn, _ = srv.accept()
             accepted.append(True)
-            conn.sendall(world.canary.encode())
+            conn.sendall(canary.encode())
             conn.close()
         except OSError:
             pass
 
     t = threading.Thread(target=accept)
     t.start()
+    return t, accepted
+
+def test_tcp_to_host_loopback_fails(world: World) -> None:
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(3)
+    port = srv.getsockname()[1]
+    t, accepted = serve_canary(srv, world.canary)
     r = world.py(
         "import socket,sys\n"
         "for host in ('127.0.0.1', 'localhost'):\n"
@@ -283,19 +289,7 @@ def test_abstract_unix_socket_on_host_fails(world: World) -> None:
     srv.bind(name)
     srv.listen(1)
     srv.settimeout(2)
-    accepted: list[bool] = []
-
-    def accept() -> None:
-        try:
-            conn, _ = srv.accept()
-            accepted.append(True)
-            conn.sendall(world.canary.encode())
-            conn.close()
-        except OSError:
-            pass
-
-    t = threading.Thread(target=accept)
-    t.start()
+    t, accepted = serve_canary(srv, world.canary)
     r = world.py(
         "import socket,sys\n"
         "try:\n"
