@@ -9,7 +9,9 @@ PYTEST_ARGS ?=
 
 .PHONY: example test lint bench system-packages clean
 
-$(BIN)/stockade: pyproject.toml
+# System packages first: pip builds the landlock launcher (C) when a compiler is there.
+$(BIN)/stockade: pyproject.toml setup.py src/stockade/sandbox/_jail.c
+	@PYTHON=$(PYTHON) sh scripts/install-system-packages.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from stockade.sandbox import Backend, ExtraMount, Policy, Resources, get_backend
+from stockade.sandbox.landlock import LandlockBackend
 from stockade.sandbox.policy import NetworkMode
 
 ENFORCED = ("bwrap", "landlock")
@@ -140,9 +141,21 @@ def make_world(backend: Backend, base: Path) -> World:
     )
 
 
-@pytest.fixture(params=ENFORCED)
+@pytest.fixture(scope="session")
+def landlock_python() -> Iterator[Backend]:
+    """landlock with the fallback launcher (the helper forks Python), as on a
+    machine where the C launcher was not built."""
+    b = LandlockBackend(launcher="python")
+    yield b
+    b.close()
+
+
+@pytest.fixture(params=(*ENFORCED, "landlock-python"))
 def backend(request: pytest.FixtureRequest) -> Backend:
-    b = get_backend(request.param)
+    if request.param == "landlock-python":
+        b = request.getfixturevalue("landlock_python")
+    else:
+        b = get_backend(request.param)
     avail = b.availability()
     if not avail.available:
         pytest.skip(f"{request.param} is not available here: {avail.reason}")

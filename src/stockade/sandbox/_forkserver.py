@@ -6,10 +6,12 @@ sends them spawn requests (JSON over a ``SOCK_SEQPACKET`` socket, the item's
 stdout/stderr and any extra fds passed by ``SCM_RIGHTS``).
 
 * ``mode: landlock``: the helper builds the Landlock ruleset from paths it
-  opens (system paths cached across items), forks, and the child starts a
-  session, sets the parent-death signal and rlimits, drops to the jail uid
-  (or, for root-only paths, keeps euid 0 with no capabilities and real uid
-  nobody), enforces Landlock, installs seccomp and ``execve``s.
+  opens (system paths cached across items). With ``launcher: native`` the C
+  extension ``_jail`` vforks and does the rest in the child; otherwise the
+  helper forks and the Python child does it: start a session, set rlimits,
+  drop to the jail uid (or, for root-only paths, keep euid 0 with no
+  capabilities and real uid nobody), set the parent-death signal (after the
+  uid change, which clears it), enforce Landlock, install seccomp, ``execve``.
 * ``mode: plain`` (bwrap confines itself): ``posix_spawn`` of bwrap, through
   ``setpriv`` only when a uid must change; sources below root-only
   directories are bind-mounted onto bridge points in a private mount
@@ -22,8 +24,9 @@ group is killed (as bwrap's pid namespace would be). The helper is a child
 subreaper; it kills every jail and exits when the engine closes its end, and
 dies with the engine (PDEATHSIG).
 
-Standard library only, plus the two stdlib-only sibling modules: it is
-loaded without the ``stockade`` package (see ``_spawner``).
+Standard library only, plus the stdlib-only sibling modules (and the
+optional C extension ``_jail``): it is loaded without the ``stockade``
+package (see ``_spawner``).
 """
 
 from __future__ import annotations
@@ -75,11 +78,17 @@ class Prepared:
         self.libc.syscall.restype = ctypes.c_long
         self.devnull = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         self._filters: dict[str, tuple[ctypes.Array[ctypes.c_char], seccomp.SockFprog]] = {}
+        self._programs: dict[str, bytes] = {}
 
     def seccomp(self, hexprog: str) -> seccomp.SockFprog:
         if hexprog not in self._filters:
-            self._filters[hexprog] = seccomp.prepare(bytes.fromhex(hexprog))
+            self._filters[hexprog] = seccomp.prepare(self.program(hexprog))
         return self._filters[hexprog][1]
+
+    def program(self, hexprog: str) -> bytes:
+        if hexprog not in self._programs:
+            self._programs[hexprog] = bytes.fromhex(hexprog)
+        return self._programs[hexprog]
 
 
 def _bridge(libc: ctypes.CDLL, bridges: list[list[str]]) -> None:
@@ -94,6 +103,26 @@ def _bridge(libc: ctypes.CDLL, bridges: list[list[str]]) -> None:
             raise OSError(ctypes.get_errno(), f"bind {source}")
 
 
+def _rlimits(req: dict[str, Any]) -> list[tuple[int, int]]:
+    """The (resource, limit) pairs the jail gets: never a core dump, plus the step's limits."""
+    limits = req["rlimits"]
+    out = [(resource.RLIMIT_CORE, 0)]
+    for key, which in (
+        ("as", resource.RLIMIT_AS),
+        ("cpu", resource.RLIMIT_CPU),
+        ("fsize", resource.RLIMIT_FSIZE),
+    ):
+        if limits[key] is not None:
+            out.append((which, limits[key]))
+    if limits["nproc"] is not None:
+        # RLIMIT_NPROC counts every process of the uid on the host here
+        # (no user namespace): allow what exists now plus the step's share.
+        uid = req["uid"]
+        counted = uid if uid is not None else JAIL_UID if os.geteuid() == 0 else os.getuid()
+        out.append((resource.RLIMIT_NPROC, _count_processes(counted) + limits["nproc"]))
+    return out
+
+
 def _resolve(argv0: str, env: dict[str, str]) -> str:
     if "/" in argv0:
         return argv0
@@ -106,7 +135,7 @@ def _resolve(argv0: str, env: dict[str, str]) -> str:
 
 def _child(
     req: dict[str, Any], prep: Prepared, fprog: seccomp.SockFprog | None, fds: list[int],
-    ruleset: int, exe: str,
+    ruleset: int, exe: str, parent: int,
 ) -> None:  # fmt: skip
     """In the forked child: confine, then exec. Never returns.
 
@@ -117,7 +146,6 @@ def _child(
     libc = prep.libc
     try:
         os.setsid()
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         # Python ignores these; an ignored signal stays ignored across exec.
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
@@ -133,21 +161,9 @@ def _child(
         os.closerange(3 + len(keep), 65536)
         ruleset_fd = 2 + len(keep) if ruleset >= 0 else -1
         stage = "rlimits"
-        limits = req["rlimits"]
         uid = req["uid"]
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if limits["as"] is not None:
-            resource.setrlimit(resource.RLIMIT_AS, (limits["as"], limits["as"]))
-        if limits["cpu"] is not None:
-            resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu"], limits["cpu"]))
-        if limits["fsize"] is not None:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (limits["fsize"], limits["fsize"]))
-        if limits["nproc"] is not None:
-            # RLIMIT_NPROC counts every process of the uid on the host here
-            # (no user namespace): allow what exists now plus the step's share.
-            counted = uid if uid is not None else JAIL_UID if os.geteuid() == 0 else os.getuid()
-            n = _count_processes(counted) + limits["nproc"]
-            resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
+        for which, value in _rlimits(req):
+            resource.setrlimit(which, (value, value))
         stage = "chdir"
         os.chdir(req["cwd"])
         if req.get("bridges"):
@@ -165,6 +181,10 @@ def _child(
             stage = "drop capabilities"
             os.setresuid(JAIL_UID, 0, 0)
             drop_capabilities(libc)
+        # After the uid change: changing credentials clears the death signal.
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(127)  # the helper died before the death signal was set
         if ruleset_fd >= 0:
             stage = "landlock"
             _landlock.enforce(ruleset_fd, libc)
@@ -261,9 +281,36 @@ class Server:
             self.send({"type": "failed", "id": req["id"], "error": f"landlock: {e}"})
             return
         try:
-            self._fork(req, fds, ruleset, self.prep.seccomp(req["seccomp"]))
+            if req.get("launcher") == "native":
+                self._vfork(req, fds, ruleset)
+            else:
+                self._fork(req, fds, ruleset, self.prep.seccomp(req["seccomp"]))
         finally:
             os.close(ruleset)
+
+    def _vfork(self, req: dict[str, Any], fds: list[int], ruleset: int) -> None:
+        """Confine and exec in C (``_jail``): no Python fork, no second exec."""
+        from stockade.sandbox import _jail
+
+        env = [f"{k}={v}".encode() for k, v in req["env"].items()]
+        try:
+            pid = _jail.spawn(
+                os.fsencode(_resolve(req["argv"][0], req["env"])),
+                [os.fsencode(a) for a in req["argv"]],
+                env,
+                os.fsencode(req["cwd"]),
+                [self.prep.devnull, *fds],
+                ruleset,
+                self.prep.program(req["seccomp"]),
+                -1 if req["uid"] is None else req["uid"],
+                -1 if req["gid"] is None else req["gid"],
+                req["uid"] is None and os.geteuid() == 0,
+                _rlimits(req),
+            )
+        except (OSError, ValueError) as e:
+            self.send({"type": "failed", "id": req["id"], "error": f"spawn: {e}"})
+            return
+        self.started(req["id"], pid)
 
     def _posix_spawn(self, req: dict[str, Any], fds: list[int]) -> None:
         """Start bwrap without forking Python (vfork speed). ``setpriv`` sets
@@ -300,13 +347,14 @@ class Server:
         self, req: dict[str, Any], fds: list[int], ruleset: int, fprog: seccomp.SockFprog | None
     ) -> None:
         exe = _resolve(req["argv"][0], req["env"])
+        parent = os.getpid()
         try:
             pid = os.fork()
         except OSError as e:
             self.send({"type": "failed", "id": req["id"], "error": f"fork: {e}"})
             return
         if pid == 0:
-            _child(req, self.prep, fprog, fds, ruleset, exe)
+            _child(req, self.prep, fprog, fds, ruleset, exe, parent)
         self.started(req["id"], pid)
 
     def reap(self) -> None:

@@ -22,13 +22,15 @@ Must not import runner, workspace, store or cli.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import socket
 import stat
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from stockade.errors import InfraError
 from stockade.sandbox import _landlock, seccomp
@@ -50,6 +52,8 @@ DEV_RW: tuple[str, ...] = ("/dev/null", "/dev/zero", "/dev/full")
 DEV_RO: tuple[str, ...] = ("/dev/urandom", "/dev/random")
 MIN_ABI = 1
 
+Launcher = Literal["native", "python"]
+
 
 def landlock_request(
     policy: Policy,
@@ -60,6 +64,7 @@ def landlock_request(
     gid: int | None = None,
     relay_port: int | None = None,
     unix_sockets: bool = False,
+    launcher: Launcher = "native",
 ) -> dict[str, Any]:
     """The fork server request for ``policy``. Pure: no I/O."""
     for m in policy.mounts:
@@ -102,6 +107,7 @@ def landlock_request(
     r = policy.resources
     return {
         "mode": "landlock",
+        "launcher": launcher,
         "argv": list(policy.argv),
         "env": env,
         "cwd": str(policy.work_dir),
@@ -122,6 +128,21 @@ def landlock_request(
         "uid": uid,
         "gid": gid,
     }
+
+
+def native_launcher() -> bool:
+    """Whether the C launcher (``stockade.sandbox._jail``, built by setup.py) is installed."""
+    return importlib.util.find_spec("stockade.sandbox._jail") is not None
+
+
+def choose_launcher(env: Mapping[str, str]) -> Launcher:
+    """``STOCKADE_LANDLOCK_LAUNCHER=python`` forces the fallback (to compare or debug)."""
+    wanted = env.get("STOCKADE_LANDLOCK_LAUNCHER", "")
+    if wanted not in ("", "native", "python"):
+        raise InfraError(f"STOCKADE_LANDLOCK_LAUNCHER={wanted!r}: expected 'native' or 'python'")
+    if wanted == "python" or not native_launcher():
+        return "python"
+    return "native"
 
 
 class LoopbackRelay:
@@ -166,10 +187,18 @@ def _is_socket(path: Path) -> bool:
 class LandlockBackend(Backend):
     name = "landlock"
 
-    def __init__(self) -> None:
+    def __init__(self, launcher: Launcher | None = None) -> None:
         self._abi: int | None = None
         self._layout: HostLayout | None = None
         self._helpers = HelperPool()
+        self._launcher = launcher
+
+    @property
+    def launcher(self) -> Launcher:
+        """``native``: the helper vforks and confines in C; ``python``: it forks itself."""
+        if self._launcher is None:
+            self._launcher = choose_launcher(os.environ)
+        return self._launcher
 
     @property
     def abi(self) -> int:
@@ -189,7 +218,13 @@ class LandlockBackend(Backend):
             seccomp.native_arch()
         except OSError as e:
             return Availability(False, str(e))
-        return Availability(True, f"Landlock ABI {self.abi}")
+        if self.launcher == "python":
+            return Availability(
+                True,
+                f"Landlock ABI {self.abi}, Python launcher (about 1 ms slower per item; "
+                "reinstall with a C compiler to build stockade.sandbox._jail)",
+            )
+        return Availability(True, f"Landlock ABI {self.abi}, C launcher")
 
     def limitations(self) -> tuple[str, ...]:
         lims = [
@@ -254,6 +289,7 @@ class LandlockBackend(Backend):
             gid=gid,
             relay_port=relay_port,
             unix_sockets=any(_is_socket(m.source) for m in policy.mounts),
+            launcher=self.launcher,
         )
         try:
             job = self._helpers.spawn(request, (fileno(stdout), fileno(stderr)))

@@ -1,0 +1,141 @@
+"""The landlock launchers: the C one (``_jail``: vfork, confine, exec) and the
+Python fallback (the helper forks itself) must start the same jail.
+
+The escape suite runs against both (``landlock`` and ``landlock-python`` in
+``conftest.backend``); these tests pin what the launchers themselves do: the
+process state a jail starts with, how a failed stage is reported, and that a
+jail dies with the helper that started it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from stockade.errors import InfraError
+from stockade.sandbox import get_backend
+from stockade.sandbox.landlock import LandlockBackend, choose_launcher, native_launcher
+from tests.sandbox.conftest import World
+
+pytestmark = pytest.mark.sandbox
+
+
+@pytest.fixture(params=["landlock", "landlock-python"])
+def backend(request: pytest.FixtureRequest) -> LandlockBackend:
+    """Overrides conftest's: the ``world`` of every test here is a landlock one."""
+    b = (
+        request.getfixturevalue("landlock_python")
+        if request.param == "landlock-python"
+        else get_backend("landlock")
+    )
+    if not b.availability().available:
+        pytest.skip(f"landlock is not available here: {b.availability().reason}")
+    assert isinstance(b, LandlockBackend)
+    return b
+
+
+def test_the_c_launcher_is_built() -> None:
+    # setup.py builds it wherever a C compiler is present (CI installs gcc);
+    # without it every landlock item pays a Python fork.
+    if not native_launcher():
+        pytest.skip("stockade.sandbox._jail is not built (no C compiler at install time)")
+    assert get_backend("landlock").launcher == "native"  # type: ignore[attr-defined]
+
+
+def test_launcher_choice() -> None:
+    assert choose_launcher({"STOCKADE_LANDLOCK_LAUNCHER": "python"}) == "python"
+    expected = "native" if native_launcher() else "python"
+    assert choose_launcher({}) == expected
+    with pytest.raises(InfraError, match="STOCKADE_LANDLOCK_LAUNCHER='fast'"):
+        choose_launcher({"STOCKADE_LANDLOCK_LAUNCHER": "fast"})
+
+
+def test_launchers_report_themselves(world: World) -> None:
+    b = world.backend
+    assert isinstance(b, LandlockBackend)
+    reason = b.availability().reason
+    assert ("C launcher" in reason) == (b.launcher == "native"), reason
+
+
+def test_process_state_at_start(world: World) -> None:
+    r = world.run(
+        "grep -E '^(SigBlk|SigIgn|NoNewPrivs|Seccomp|CapEff|CapBnd):' /proc/self/status;"
+        " echo sid=$(cut -d' ' -f6 /proc/self/stat) pid=$$; ulimit -c; ls -l /proc/self/fd"
+    )
+    assert r.status == 0, r.both
+    status = dict(line.split(":\t") for line in r.out.splitlines() if ":\t" in line)
+    # No signal blocked or ignored (Python ignores SIGPIPE and SIGXFSZ; an
+    # ignored signal would stay ignored across exec).
+    assert status["SigBlk"] == "0000000000000000"
+    assert status["SigIgn"] == "0000000000000000"
+    assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2"
+    assert status["CapEff"] == "0000000000000000"
+    # Its own session, led by the item's first process (so a kill of the group reaches all).
+    sid = next(line for line in r.out.splitlines() if line.startswith("sid="))
+    assert sid.split()[0][4:] == sid.split()[1][4:]
+    assert "\n0\n" in r.out  # no core dumps
+    # Only stdin, stdout, stderr (and ls's own directory fd) are open.
+    fds = [line.split()[-3] for line in r.out.splitlines() if " -> " in line]
+    assert sorted(fds) == ["0", "1", "2", "3"], r.out
+
+
+def test_stdin_is_devnull_and_outputs_are_the_given_files(world: World) -> None:
+    r = world.run("readlink /proc/self/fd/0; read x && echo read-something; echo to-err >&2")
+    assert r.status == 0
+    assert r.out.splitlines() == ["/dev/null"]
+    assert r.err == "to-err\n"
+
+
+def test_a_failed_stage_is_reported_on_stderr(world: World) -> None:
+    r = world.run_argv(["/nonexistent/program"])
+    assert r.status == 127
+    assert "stockade: cannot start the jail (exec)" in r.err, r.err
+    assert "No such file or directory" in r.err
+
+
+def test_a_missing_cwd_is_reported(world: World) -> None:
+    policy = world.policy(["/bin/true"])
+    gone = world.work
+    os.rename(gone, world.base / "moved-away")
+    try:
+        with open(world.meta / "stderr", "wb") as err:
+            running = world.backend.start(policy, stdout=err, stderr=err)
+            assert running.wait(10) == 127
+        assert "cannot start the jail (chdir)" in (world.meta / "stderr").read_text()
+    finally:
+        os.rename(world.base / "moved-away", gone)
+
+
+def test_jail_dies_with_its_helper(world: World) -> None:
+    backend = world.backend
+    marker = f"launcher-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    policy = world.policy(["/bin/sh", "-c", f"exec sleep 1000 # {marker}"])
+    with open(world.meta / "stdout", "wb") as out:
+        running = backend.start(policy, stdout=out, stderr=out)
+        jail = running.pid
+        helper = _parent_of(jail)
+        assert helper != os.getpid()
+        os.kill(helper, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{jail}").exists() and _state(jail) != "Z":
+            assert time.monotonic() < deadline, "the jail outlived its helper"
+            time.sleep(0.02)
+    # The pool's client notices its helper is gone and reports the job lost.
+    assert running.wait(5) is not None
+    backend.close()  # the next test starts fresh helpers
+
+
+def _parent_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
