@@ -295,6 +295,14 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
             os.chown(os.path.join(dirpath, n), uid, gid, follow_symlinks=False)
 
 
+def _memory_tmp() -> str | None:
+    """``/dev/shm`` when it is a writable directory (a tmpfs on Linux), else the default."""
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and not os.path.islink(shm) and os.access(shm, os.W_OK | os.X_OK):
+        return shm
+    return None
+
+
 class BwrapBackend(Backend):
     name = "bwrap"
 
@@ -303,6 +311,7 @@ class BwrapBackend(Backend):
         self._layout: HostLayout | None = None
         self._filter: bytes | None = None
         self._etc_tmp: str | None = None
+        self._etc_reachable = False
         self._bridge_root: str | None = None
         self._prepare_lock = threading.Lock()
         self._helpers = HelperPool()
@@ -336,11 +345,15 @@ class BwrapBackend(Backend):
 
     def _prepare_locked(self) -> tuple[HostLayout, bytes]:
         if self._layout is None or self._filter is None:
-            self._etc_tmp = tempfile.mkdtemp(prefix="stockade-etc-")
+            # In memory where possible: /etc/ssl/certs alone is hundreds of
+            # symlinks, slow to create and delete on a busy disk, every run.
+            self._etc_tmp = tempfile.mkdtemp(prefix="stockade-etc-", dir=_memory_tmp())
             os.chmod(self._etc_tmp, 0o755)
             self._bridge_root = tempfile.mkdtemp(prefix="stockade-bridge-")
             os.chmod(self._bridge_root, 0o755)
             self._layout = build_etc(scan_host(), Path(self._etc_tmp) / "etc")
+            # Our own 0755 copy: checked once, not for every item.
+            self._etc_reachable = reachable_by_others(Path(self._etc_tmp) / "etc")
             self._filter = seccomp.build_filter(seccomp.native_arch())
         return self._layout, self._filter
 
@@ -352,7 +365,7 @@ class BwrapBackend(Backend):
             _chown_tree(policy.work_dir, JAIL_UID, JAIL_GID)
         relay = str(Path(__file__).with_name("_relay.py"))
         paths = [str(policy.work_dir), *(str(m.source) for m in policy.mounts)]
-        if layout.etc_dir is not None:
+        if layout.etc_dir is not None and not self._etc_reachable:
             paths.append(layout.etc_dir)
         if policy.network == "proxy":
             paths += [relay, str(policy.proxy_socket)]
