@@ -54,6 +54,16 @@ def test_launcher_choice() -> None:
         choose_launcher({"STOCKADE_LANDLOCK_LAUNCHER": "fast"})
 
 
+def test_doctor_names_the_launcher() -> None:
+    from stockade.sandbox import doctor
+
+    if not get_backend("landlock").availability().available:
+        pytest.skip("landlock is not available here")
+    entry = next(b for b in doctor({})["backends"] if b["name"] == "landlock")
+    expected = "C launcher" if native_launcher() else "Python launcher"
+    assert expected in entry["detail"], entry
+
+
 def test_launchers_report_themselves(world: World) -> None:
     b = world.backend
     assert isinstance(b, LandlockBackend)

@@ -27,7 +27,9 @@ def _render(report: dict[str, Any]) -> None:
             "yes" if b["available"] else "no",
             "[green]yes[/green]" if b["enforced"] else "[red]no[/red]",
             "*" if b.get("active") else "",
-            b["reason"] + (f" (needs {b['install']})" if b.get("install") else ""),
+            b["reason"]
+            + (f" (needs {b['install']})" if b.get("install") else "")
+            + (f"; {b['detail']}" if b.get("detail") else ""),
         )
     console.print(table)
     if report.get("error"):

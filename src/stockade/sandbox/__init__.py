@@ -229,6 +229,9 @@ def doctor(env: Mapping[str, str]) -> dict[str, Any]:
         entry["name"] = name
         if not report.available:
             entry["install"] = INSTALL_HINTS.get(name, "")
+        else:
+            # What the backend says of itself (landlock: ABI and launcher).
+            entry["detail"] = backend.availability().reason
         backends.append(entry)
     result: dict[str, Any] = {"backends": backends}
     try:
