@@ -149,3 +149,14 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def test_c_launcher_refuses_embedded_nul() -> None:
+    # C strings would end at the NUL: the jail would run a shorter argument.
+    if not native_launcher():
+        pytest.skip("stockade.sandbox._jail is not built (no C compiler at install time)")
+    from stockade.sandbox import _jail
+
+    for argv, env in (([b"/bin/true", b"a\x00b"], []), ([b"/bin/true"], [b"A=1\x00B=2"])):
+        with pytest.raises(ValueError, match="embedded null byte"):
+            _jail.spawn(b"/bin/true", argv, env, b"/", [0, 1, 2], -1, b"", -1, -1, False, [])

@@ -204,6 +204,13 @@ static char **cstrings(PyObject *seq, const char *what) {
             return NULL;
         }
         out[i] = PyBytes_AS_STRING(item);
+        if ((Py_ssize_t)strlen(out[i]) != PyBytes_GET_SIZE(item)) {
+            /* execve would see a shorter string than the caller meant */
+            PyErr_Format(PyExc_ValueError, "%s: embedded null byte", what);
+            PyMem_Free(out);
+            Py_DECREF(fast);
+            return NULL;
+        }
     }
     Py_DECREF(fast);
     return out;
