@@ -85,16 +85,27 @@ class ForkServerClient:
             return mine
 
     def _read(self) -> None:
-        assert self._sock is not None
+        sock = self._sock
+        assert sock is not None
         while True:
             try:
-                data = self._sock.recv(1 << 16)
+                data = sock.recv(1 << 16)
             except OSError:
                 data = b""
             if not data:
                 with self._lock:
                     jobs = list(self._pending.values())
                     self._pending.clear()
+                    dead = self._sock is sock
+                    if dead:
+                        # The helper died: the next spawn starts a new one
+                        # instead of failing on a dead socket.
+                        self._sock = None
+                        self._reap_later(self._proc)
+                        self._proc = None
+                if dead:
+                    with self._send_lock:
+                        sock.close()
                 for lost in jobs:
                     lost.error = lost.error or "the exec helper exited"
                     lost.started.set()
@@ -120,6 +131,11 @@ class ForkServerClient:
                     job.status = 127
             job.started.set()
             job.exited.set()
+
+    @staticmethod
+    def _reap_later(proc: subprocess.Popen[bytes] | None) -> None:
+        if proc is not None:
+            threading.Thread(target=proc.wait, daemon=True).start()
 
     def spawn(self, request: Mapping[str, Any], fds: Sequence[int]) -> _Job:
         sock = self._ensure()
@@ -158,19 +174,19 @@ class ForkServerClient:
     def close(self) -> None:
         with self._lock:
             sock, self._sock = self._sock, None
+            proc, self._proc = self._proc, None
         if sock is not None:
             # shutdown, not only close: the reader thread blocked in recv()
             # holds the file open, so close() alone would not reach the helper.
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
-        if self._proc is not None:
+        if proc is not None:
             try:
-                self._proc.wait(5)
+                proc.wait(5)
             except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-            self._proc = None
+                proc.kill()
+                proc.wait()
 
 
 def fileno(stream: IO[bytes] | int) -> int:
@@ -225,6 +241,11 @@ class HelperPool:
         n = size or min(os.cpu_count() or 1, 4)
         self._clients = [ForkServerClient(user) for _ in range(n)]
         self._next = itertools.count()
+
+    @staticmethod
+    def _reap_later(proc: subprocess.Popen[bytes] | None) -> None:
+        if proc is not None:
+            threading.Thread(target=proc.wait, daemon=True).start()
 
     def spawn(self, request: Mapping[str, Any], fds: Sequence[int]) -> _Job:
         client = self._clients[next(self._next) % len(self._clients)]
