@@ -78,10 +78,14 @@ def test_process_state_at_start(world: World) -> None:
     )
     assert r.status == 0, r.both
     status = dict(line.split(":\t") for line in r.out.splitlines() if ":\t" in line)
-    # No signal blocked or ignored (Python ignores SIGPIPE and SIGXFSZ; an
-    # ignored signal would stay ignored across exec).
+    # No signal blocked. Python ignores SIGPIPE and SIGXFSZ, and an ignored
+    # signal stays ignored across exec: the jail must get them back, and
+    # ignore nothing beyond what the engine inherited from its own parent.
     assert status["SigBlk"] == "0000000000000000"
-    assert status["SigIgn"] == "0000000000000000"
+    ignored = int(status["SigIgn"], 16)
+    pipe_xfsz = (1 << (signal.SIGPIPE - 1)) | (1 << (signal.SIGXFSZ - 1))
+    assert ignored & pipe_xfsz == 0, status["SigIgn"]
+    assert ignored & ~_ignored_by_us() == 0, (status["SigIgn"], hex(_ignored_by_us()))
     assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2"
     assert status["CapEff"] == "0000000000000000"
     # Its own session, led by the item's first process (so a kill of the group reaches all).
@@ -162,3 +166,11 @@ def test_c_launcher_refuses_embedded_nul() -> None:
     for argv, env in (([b"/bin/true", b"a\x00b"], []), ([b"/bin/true"], [b"A=1\x00B=2"])):
         with pytest.raises(ValueError, match="embedded null byte"):
             _jail.spawn(b"/bin/true", argv, env, b"/", [0, 1, 2], -1, b"", -1, -1, False, [])
+
+
+def _ignored_by_us() -> int:
+    """The signals this test process ignores (inherited ones included)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return int(line.split()[1], 16)
+    raise AssertionError("no SigIgn in /proc/self/status")
