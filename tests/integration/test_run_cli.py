@@ -274,6 +274,30 @@ def test_symlink_in_out_is_refused_and_not_copied_downstream(project: Project) -
     assert r.json()["steps"]["b"] == "skipped"
 
 
+def test_out_replaced_by_a_symlink_is_refused(project: Project) -> None:
+    # out/ itself a link to a host folder: the engine must not list, hash and
+    # hand downstream what the link points at.
+    secret_dir = project.write("host-secrets/key.txt", "TOP SECRET").parent
+    wf = project.write("wf.yaml", f"""
+        name: outlink
+        steps:
+          - id: a
+            run: rm -rf out && ln -s {secret_dir} out
+          - id: b
+            needs: [a]
+            inputs:
+              x: "{{{{ steps.a.outputs['key.txt'] }}}}"
+            run: cat x
+    """)
+    r = project.run("run", str(wf), "--run-id", "ol1", "--json")
+    assert r.code == 1, r.err
+    assert any("symlink" in p for p in r.json()["problems"]), r.json()
+    assert r.json()["steps"]["b"] == "skipped"
+    for path in (project.root / "runs" / "ol1").rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert b"TOP SECRET" not in path.read_bytes(), path
+
+
 def test_tampered_artifact_fails_the_consumer(project: Project) -> None:
     wf = project.write("wf.yaml", """
         name: tamper

@@ -106,6 +106,28 @@ def test_collect_outputs_refuses_links_and_special_files(tmp_path: Path, kind: s
         collect_outputs(out)
 
 
+@pytest.mark.parametrize("kind", ["link-to-folder", "file"])
+def test_collect_outputs_refuses_an_out_that_is_not_a_folder(tmp_path: Path, kind: str) -> None:
+    host = tmp_path / "host"
+    _write(host / "key.txt", b"secret")
+    out = tmp_path / "out"
+    if kind == "link-to-folder":
+        out.symlink_to(host)
+    else:
+        out.write_text("x")
+    with pytest.raises(OutputRefused, match="out/ itself"):
+        collect_outputs(out)
+
+
+def test_collect_outputs_order_and_missing_out(tmp_path: Path) -> None:
+    for name in ("b.txt", "a/z.txt", "a/y/x.txt", "c.txt", "0/d.txt"):
+        _write(tmp_path / "out" / name, b"x")
+    names = [o.name for o in collect_outputs(tmp_path / "out")]
+    # a folder's files by name, then its subfolders by name (os.walk top-down)
+    assert names == ["b.txt", "c.txt", "0/d.txt", "a/z.txt", "a/y/x.txt"]
+    assert collect_outputs(tmp_path / "gone") == []
+
+
 def _artifact(tmp_path: Path, run_id: str, data: bytes, consumer: str = "") -> Artifact:
     p = tmp_path / "out" / "report.json"
     _write(p, data)

@@ -200,22 +200,23 @@ def collect_outputs(out_dir: Path) -> list[Output]:
     """Hash every regular file under ``out/``; refuse symlinks and special files.
 
     Nothing is followed: a symlink to a host file must never make the engine
-    copy that file into the next jail.
+    copy that file into the next jail. Order: a folder's files by name, then
+    its subfolders by name (as ``os.walk`` top-down would give them).
     """
     found: list[Output] = []
     bad: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(out_dir, followlinks=False):
-        for name in sorted(dirnames):
-            p = Path(dirpath) / name
-            if p.is_symlink():
-                bad.append(f"{p.relative_to(out_dir)} (symlink)")
-        dirnames[:] = sorted(d for d in dirnames if not (Path(dirpath) / d).is_symlink())
-        for name in sorted(filenames):
-            p = Path(dirpath) / name
-            rel = p.relative_to(out_dir).as_posix()
-            st = os.lstat(p)
+
+    def visit(folder: str, prefix: str) -> None:
+        with os.scandir(folder) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        subfolders = []
+        for entry in entries:
+            rel = prefix + entry.name
+            st = entry.stat(follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
                 bad.append(f"{rel} (symlink)")
+            elif stat.S_ISDIR(st.st_mode):
+                subfolders.append(entry)
             elif not stat.S_ISREG(st.st_mode):
                 bad.append(f"{rel} (special file)")
             elif st.st_nlink > 1:
@@ -223,13 +224,28 @@ def collect_outputs(out_dir: Path) -> list[Output]:
             else:
                 if st.st_mode & (stat.S_ISUID | stat.S_ISGID):
                     # A jail's setuid file must not become a privilege on the host.
-                    fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+                    fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
                     try:
                         os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
                     finally:
                         os.close(fd)
-                digest, size = sha256_file(p)
+                digest, size = sha256_file(Path(entry.path))
                 found.append(Output(rel, digest, size))
+        for entry in subfolders:
+            visit(entry.path, prefix + entry.name + "/")
+
+    top = os.fspath(out_dir)
+    try:
+        st = os.lstat(top)
+    except FileNotFoundError:
+        return []  # the step removed out/: it hands nothing downstream
+    if stat.S_ISLNK(st.st_mode):
+        # scandir would follow it: out/ -> a host folder would be hashed and
+        # copied into the next jail.
+        raise OutputRefused("out/ itself was replaced by a symlink; refused")
+    if not stat.S_ISDIR(st.st_mode):
+        raise OutputRefused("out/ itself was replaced by something that is not a folder")
+    visit(top, "")
     if bad:
         raise OutputRefused("out/ may hold only regular files; refused: " + ", ".join(sorted(bad)))
     return found
