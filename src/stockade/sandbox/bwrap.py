@@ -264,10 +264,32 @@ def _searchable_by_others(directory: str) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=64)
+def _realpath_dir(directory: str) -> str:
+    """``realpath`` of a directory many items share (a step's folder)."""
+    return os.path.realpath(directory)
+
+
+def _resolve(path: str) -> str:
+    """``realpath(path)``, with the part above the last two names cached.
+
+    The last two names (an item's folder and its ``work/``) are new for every
+    item; when neither is a symlink the cached prefix is exact.
+    """
+    head, last = os.path.split(path)
+    top, middle = os.path.split(head)
+    if not last or not middle:
+        return os.path.realpath(path)
+    for p in (head, path):
+        if stat.S_ISLNK(os.lstat(p).st_mode):
+            return os.path.realpath(path)
+    return os.path.join(_realpath_dir(top), middle, last)
+
+
 def reachable_by_others(path: Path) -> bool:
     """Other users can search every directory down to ``path`` and use ``path`` itself."""
     try:
-        resolved = os.path.realpath(path)
+        resolved = _resolve(os.path.abspath(path))
         if not _searchable_by_others(os.path.dirname(os.path.dirname(resolved))):
             return False
         if not os.stat(os.path.dirname(resolved)).st_mode & stat.S_IXOTH:
@@ -289,10 +311,15 @@ def _remove_points(points: Sequence[str]) -> None:
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
-    os.chown(root, uid, gid)
-    for dirpath, dirnames, filenames in os.walk(root):
-        for n in dirnames + filenames:
-            os.chown(os.path.join(dirpath, n), uid, gid, follow_symlinks=False)
+    """Hand ``root`` and everything below it to the jail uid (never following links)."""
+    os.chown(root, uid, gid, follow_symlinks=False)
+    stack = [os.fspath(root)]
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for entry in it:
+                os.chown(entry.path, uid, gid, follow_symlinks=False)
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
 
 
 def _memory_tmp() -> str | None:

@@ -1,0 +1,55 @@
+"""Path checks the bwrap and landlock backends run before every item."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from stockade.sandbox.bwrap import _chown_tree, _resolve
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        # (what to build under tmp, the path asked about) -> compare with realpath
+        lambda t: (t / "step" / "0" / "work", []),
+        lambda t: (t / "step" / "1" / "work", [("step/1", "step/real1")]),  # item folder a link
+        lambda t: (t / "link" / "2" / "work", [("link", "step")]),  # step folder a link
+        lambda t: (t / "step" / "3" / "lwork", [("step/3/lwork", "step/3/w")]),  # work a link
+        lambda t: (t / "step" / "4" / "missing", []),
+    ],
+)
+def test_resolve_matches_realpath(tmp_path: Path, make: object) -> None:
+    path, links = make(tmp_path)  # type: ignore[operator]
+    (tmp_path / "step").mkdir(exist_ok=True)
+    for link, target in links:
+        (tmp_path / target).mkdir(parents=True, exist_ok=True)
+        os.symlink(tmp_path / target, tmp_path / link)
+    if path.name != "missing":
+        path.mkdir(parents=True, exist_ok=True)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        got = _resolve(str(path))
+    except FileNotFoundError:
+        got = "missing"
+    expected = os.path.realpath(path) if path.name != "missing" else "missing"
+    assert got == expected
+
+
+def test_chown_tree_never_follows_links(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("chown to another uid needs root")
+    outside = tmp_path / "outside"
+    outside.write_text("host")
+    work = tmp_path / "work"
+    (work / "out" / "deep").mkdir(parents=True)
+    (work / "out" / "deep" / "f").write_text("x")
+    os.symlink(outside, work / "out" / "link")
+    _chown_tree(work, 65534, 65534)
+    for p in (work, work / "out", work / "out" / "deep", work / "out" / "deep" / "f"):
+        assert os.lstat(p).st_uid == 65534, p
+    assert os.lstat(work / "out" / "link").st_uid == 65534
+    assert os.stat(outside).st_uid == os.geteuid()  # the link's target is untouched
