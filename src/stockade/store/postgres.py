@@ -280,6 +280,9 @@ class PostgresStore(Store):
         self, name: str, holder: str, *, user: str = "", now: float | None = None
     ) -> None:
         with self._tx() as cur:
+            # The lease row first, as acquire_lease takes it: the opposite
+            # order (users, then lease) deadlocked against a concurrent acquire.
+            cur.execute("SELECT 1 FROM stockade_leases WHERE name = %s FOR UPDATE", (name,))
             cur.execute(
                 'DELETE FROM stockade_lease_users WHERE name = %s AND holder = %s AND "user" = %s',
                 (name, holder, user),
