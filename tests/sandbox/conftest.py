@@ -150,16 +150,19 @@ def landlock_python() -> Iterator[Backend]:
     b.close()
 
 
-@pytest.fixture(params=(*ENFORCED, "landlock-python"))
-def backend(request: pytest.FixtureRequest) -> Backend:
-    if request.param == "landlock-python":
-        b = request.getfixturevalue("landlock_python")
-    else:
-        b = get_backend(request.param)
+def available_backend(request: pytest.FixtureRequest, name: str) -> Backend:
+    """The backend a parameter names (``landlock-python``: the fallback launcher);
+    skipped with the reason where it is unavailable."""
+    b = request.getfixturevalue("landlock_python") if name == "landlock-python" else get_backend(name)
     avail = b.availability()
     if not avail.available:
-        pytest.skip(f"{request.param} is not available here: {avail.reason}")
+        pytest.skip(f"{name} is not available here: {avail.reason}")
     return b
+
+
+@pytest.fixture(params=(*ENFORCED, "landlock-python"))
+def backend(request: pytest.FixtureRequest) -> Backend:
+    return available_backend(request, request.param)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 from stockade.errors import InfraError
 from stockade.sandbox import get_backend
 from stockade.sandbox.landlock import LandlockBackend, choose_launcher, native_launcher
-from tests.sandbox.conftest import World
+from tests.sandbox.conftest import World, available_backend
 
 pytestmark = pytest.mark.sandbox
 
@@ -27,22 +27,20 @@ pytestmark = pytest.mark.sandbox
 @pytest.fixture(params=["landlock", "landlock-python"])
 def backend(request: pytest.FixtureRequest) -> LandlockBackend:
     """Overrides conftest's: the ``world`` of every test here is a landlock one."""
-    b = (
-        request.getfixturevalue("landlock_python")
-        if request.param == "landlock-python"
-        else get_backend("landlock")
-    )
-    if not b.availability().available:
-        pytest.skip(f"landlock is not available here: {b.availability().reason}")
+    b = available_backend(request, request.param)
     assert isinstance(b, LandlockBackend)
     return b
 
 
-def test_the_c_launcher_is_built() -> None:
-    # setup.py builds it wherever a C compiler is present (CI installs gcc);
-    # without it every landlock item pays a Python fork.
+def _needs_c_launcher() -> None:
+    # setup.py builds it wherever a C compiler is present (CI installs gcc).
     if not native_launcher():
         pytest.skip("stockade.sandbox._jail is not built (no C compiler at install time)")
+
+
+def test_the_c_launcher_is_built() -> None:
+    # Without it every landlock item pays a Python fork.
+    _needs_c_launcher()
     assert get_backend("landlock").launcher == "native"  # type: ignore[attr-defined]
 
 
@@ -159,8 +157,7 @@ def _state(pid: int) -> str:
 
 def test_c_launcher_refuses_embedded_nul() -> None:
     # C strings would end at the NUL: the jail would run a shorter argument.
-    if not native_launcher():
-        pytest.skip("stockade.sandbox._jail is not built (no C compiler at install time)")
+    _needs_c_launcher()
     from stockade.sandbox import _jail
 
     for argv, env in (([b"/bin/true", b"a\x00b"], []), ([b"/bin/true"], [b"A=1\x00B=2"])):
