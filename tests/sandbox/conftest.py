@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from stockade.sandbox import Backend, ExtraMount, Policy, Resources, get_backend
+from stockade.sandbox.bwrap import BwrapBackend
 from stockade.sandbox.landlock import LandlockBackend
 from stockade.sandbox.policy import NetworkMode
 
@@ -150,17 +151,30 @@ def landlock_python() -> Iterator[Backend]:
     b.close()
 
 
+@pytest.fixture(scope="session")
+def bwrap_helper() -> Iterator[Backend]:
+    """bwrap started through the exec helper, as on a machine where the C
+    launcher was not built (or for a jail whose paths need bridges)."""
+    b = BwrapBackend(launcher="helper")
+    yield b
+    b.close()
+
+
+#: Parameters naming a backend with its fallback launcher.
+FALLBACKS = {"landlock-python": "landlock_python", "bwrap-helper": "bwrap_helper"}
+
+
 def available_backend(request: pytest.FixtureRequest, name: str) -> Backend:
-    """The backend a parameter names (``landlock-python``: the fallback launcher);
-    skipped with the reason where it is unavailable."""
-    b = request.getfixturevalue("landlock_python") if name == "landlock-python" else get_backend(name)
+    """The backend a parameter names (``landlock-python``, ``bwrap-helper``:
+    the fallback launchers); skipped with the reason where it is unavailable."""
+    b = request.getfixturevalue(FALLBACKS[name]) if name in FALLBACKS else get_backend(name)
     avail = b.availability()
     if not avail.available:
         pytest.skip(f"{name} is not available here: {avail.reason}")
     return b
 
 
-@pytest.fixture(params=(*ENFORCED, "landlock-python"))
+@pytest.fixture(params=(*ENFORCED, *FALLBACKS))
 def backend(request: pytest.FixtureRequest) -> Backend:
     return available_backend(request, request.param)
 

@@ -1,16 +1,19 @@
-/* The landlock launcher: vfork, confine, exec, in one C call.
+/* The C launcher: vfork, confine, exec, in one C call.
  *
- * The exec helper (_forkserver.py) builds the Landlock ruleset and the
- * seccomp program; this module only starts the item with them. Forking the
- * Python helper costs about a millisecond on a virtual machine (page tables,
- * then copy-on-write faults in the parent), and running a second program
- * first costs another exec; vfork here costs neither. The child runs only
+ * For landlock, the exec helper (_forkserver.py) builds the Landlock ruleset
+ * and the seccomp program; this module only starts the item with them. For
+ * bwrap, the engine's launcher thread (_direct.py) starts bwrap with it,
+ * with neither (bwrap confines itself). Forking a Python process costs
+ * about a millisecond on a virtual machine (page tables, then copy-on-write
+ * faults in the parent), and running a second program first costs another
+ * exec; vfork here costs neither. The child runs only
  * system calls: raw set*id syscalls (glibc's wrappers would signal the
  * parent's threads), then execve or _exit(127) after writing why to the
  * item's stderr, as a shell reports a command it cannot run.
  *
  * Optional: built by setup.py where a C compiler is present. Without it the
- * helper forks Python instead (same confinement, slower), and doctor says so.
+ * landlock helper forks Python and bwrap goes through the exec helper
+ * (same confinement, slower), and doctor says so.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -183,24 +186,27 @@ static __attribute__((noreturn, noinline)) void child(struct launch *l) {
     _exit(127);
 }
 
-/* A NULL-terminated array of the bytes objects in seq (borrowed buffers). */
-static char **cstrings(PyObject *seq, const char *what) {
-    PyObject *fast = PySequence_Fast(seq, what);
-    if (fast == NULL)
+/* A NULL-terminated array of the bytes objects in seq. Their buffers are
+ * borrowed from *keep, a tuple of strong references that the caller holds
+ * until the child has exec'd (the GIL is released meanwhile, and another
+ * thread could change a list). */
+static char **cstrings(PyObject *seq, const char *what, PyObject **keep) {
+    PyObject *items = PySequence_Tuple(seq);
+    if (items == NULL)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
     char **out = PyMem_Calloc((size_t)n + 1, sizeof(char *));
     if (out == NULL) {
-        Py_DECREF(fast);
+        Py_DECREF(items);
         PyErr_NoMemory();
         return NULL;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+        PyObject *item = PyTuple_GET_ITEM(items, i);
         if (!PyBytes_Check(item)) {
             PyErr_Format(PyExc_TypeError, "%s: bytes expected", what);
             PyMem_Free(out);
-            Py_DECREF(fast);
+            Py_DECREF(items);
             return NULL;
         }
         out[i] = PyBytes_AS_STRING(item);
@@ -208,11 +214,11 @@ static char **cstrings(PyObject *seq, const char *what) {
             /* execve would see a shorter string than the caller meant */
             PyErr_Format(PyExc_ValueError, "%s: embedded null byte", what);
             PyMem_Free(out);
-            Py_DECREF(fast);
+            Py_DECREF(items);
             return NULL;
         }
     }
-    Py_DECREF(fast);
+    *keep = items;
     return out;
 }
 
@@ -270,29 +276,40 @@ static PyObject *jail_spawn(PyObject *self, PyObject *args) {
     }
     Py_DECREF(fast);
 
-    char **argv = cstrings(argv_obj, "argv");
+    PyObject *argv_keep = NULL, *env_keep = NULL;
+    char **argv = cstrings(argv_obj, "argv", &argv_keep);
     if (argv == NULL)
         return NULL;
-    char **envp = cstrings(env_obj, "env");
+    char **envp = cstrings(env_obj, "env", &env_keep);
     if (envp == NULL) {
         PyMem_Free(argv);
+        Py_DECREF(argv_keep);
         return NULL;
     }
     l.argv = argv;
     l.envp = envp;
     l.parent = getpid();
 
-    /* No signal handler may run in the child while it shares our memory. */
+    /* No signal handler may run in the child while it shares our memory.
+     * The GIL is released: this thread is suspended until the child execs
+     * (bwrap's exec alone is a fraction of a millisecond), and the child
+     * touches no Python object, only the C copies above. */
     sigset_t all, old_mask;
+    pid_t pid;
+    int saved;
     sigfillset(&all);
+    Py_BEGIN_ALLOW_THREADS
     pthread_sigmask(SIG_SETMASK, &all, &old_mask);
-    pid_t pid = vfork();
+    pid = vfork();
     if (pid == 0)
         child(&l);
-    int saved = errno;
+    saved = errno;
     pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    Py_END_ALLOW_THREADS
     PyMem_Free(argv);
     PyMem_Free(envp);
+    Py_DECREF(argv_keep);
+    Py_DECREF(env_keep);
     if (pid < 0) {
         errno = saved;
         return PyErr_SetFromErrno(PyExc_OSError);
@@ -309,7 +326,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_jail", "vfork + confine + exec for the landlock backend.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_jail", "vfork + confine + exec: the C launcher of the landlock and bwrap backends.", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

@@ -1,9 +1,11 @@
 """The engine's side of the exec helpers (``_forkserver``): spawn and wait.
 
 Used by the landlock backend (the helper confines and execs the item) and by
-the bwrap backend (the helper only switches uid and execs bwrap): forking a
-small single-threaded helper is several times cheaper than forking the
-engine, and the helper reports exit statuses without polling.
+the bwrap backend when the C launcher is not built or a source needs a bridge
+mount (the helper switches uid and execs bwrap; otherwise ``_direct`` starts
+bwrap itself): forking a small single-threaded helper is several times
+cheaper than forking the engine, and the helper reports exit statuses
+without polling.
 
 Must not import runner, workspace, store or cli.
 """

@@ -18,6 +18,12 @@ Environment values never appear on a command line: bwrap inherits the jail
 environment from its own process environment (it is not setuid, so nothing
 strips it), and ``/proc/*/cmdline`` shows only names of paths.
 
+Starting bwrap: with the C launcher built (``_jail``), the engine's launcher
+thread vforks and execs bwrap itself (``_direct``), switching to the jail uid
+first when the engine is root; otherwise, or when a source needs a bridge
+mount, an exec helper starts it. ``STOCKADE_BWRAP_LAUNCHER=helper`` forces
+the helper.
+
 Resources are rlimits set by ``prlimit`` inside the jail, after the user
 namespace exists. RLIMIT_NPROC is counted per (user namespace, uid) since
 Linux 5.14, so inside a fresh user namespace it counts only this jail's
@@ -37,13 +43,14 @@ import stat
 import sys
 import tempfile
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Literal
 
 from stockade.errors import InfraError
-from stockade.sandbox import seccomp
+from stockade.sandbox import _direct, seccomp
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox.base import Availability, Backend, Running
 from stockade.sandbox.policy import Policy, Resources
@@ -248,6 +255,21 @@ def bwrap_argv(
     return argv
 
 
+#: ``direct``: the engine's launcher thread starts bwrap with the C launcher;
+#: ``helper``: an exec helper process starts it (no C launcher built, or forced).
+Launcher = Literal["direct", "helper"]
+
+
+def choose_launcher(env: Mapping[str, str]) -> Launcher:
+    """``STOCKADE_BWRAP_LAUNCHER=helper`` forces the exec helper (to compare or debug)."""
+    wanted = env.get("STOCKADE_BWRAP_LAUNCHER", "")
+    if wanted not in ("", "direct", "helper"):
+        raise InfraError(f"STOCKADE_BWRAP_LAUNCHER={wanted!r}: expected 'direct' or 'helper'")
+    if wanted == "helper" or not _direct.available():
+        return "helper"
+    return "direct"
+
+
 @functools.lru_cache(maxsize=256)
 def _searchable_by_others(directory: str) -> bool:
     """Every directory from / down to ``directory`` has o+x.
@@ -322,6 +344,11 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
                     stack.append(entry.path)
 
 
+def _remove_trees(paths: Sequence[str]) -> None:
+    for p in paths:
+        shutil.rmtree(p, ignore_errors=True)
+
+
 def _memory_tmp() -> str | None:
     """``/dev/shm`` when it is a writable directory (a tmpfs on Linux), else the default."""
     shm = "/dev/shm"
@@ -333,13 +360,16 @@ def _memory_tmp() -> str | None:
 class BwrapBackend(Backend):
     name = "bwrap"
 
-    def __init__(self, bwrap: str | None = None) -> None:
+    def __init__(self, bwrap: str | None = None, launcher: Launcher | None = None) -> None:
         self._bwrap = bwrap or shutil.which("bwrap") or "/usr/bin/bwrap"
+        self._launcher = launcher
+        self._direct = _direct.Launcher()
         self._layout: HostLayout | None = None
         self._filter: bytes | None = None
         self._etc_tmp: str | None = None
         self._etc_reachable = False
         self._bridge_root: str | None = None
+        self._cleanup: weakref.finalize[[Sequence[str]], BwrapBackend] | None = None
         self._prepare_lock = threading.Lock()
         self._helpers = HelperPool()
         #: For a root engine: helpers that already run as the jail uid.
@@ -355,7 +385,15 @@ class BwrapBackend(Backend):
             seccomp.native_arch()
         except OSError as e:
             return Availability(False, str(e))
-        return Availability(True)
+        if self.launcher == "helper":
+            return Availability(True, "started through an exec helper")
+        return Availability(True, "started by the C launcher, no exec helper")
+
+    @property
+    def launcher(self) -> Launcher:
+        if self._launcher is None:
+            self._launcher = choose_launcher(os.environ)
+        return self._launcher
 
     def limitations(self) -> tuple[str, ...]:
         return (
@@ -378,6 +416,10 @@ class BwrapBackend(Backend):
             os.chmod(self._etc_tmp, 0o755)
             self._bridge_root = tempfile.mkdtemp(prefix="stockade-bridge-")
             os.chmod(self._bridge_root, 0o755)
+            # Removed by close(), or at exit for a backend nobody closed.
+            self._cleanup = weakref.finalize(
+                self, _remove_trees, (self._etc_tmp, self._bridge_root)
+            )
             self._layout = build_etc(scan_host(), Path(self._etc_tmp) / "etc")
             # Our own 0755 copy: checked once, not for every item.
             self._etc_reachable = reachable_by_others(Path(self._etc_tmp) / "etc")
@@ -414,11 +456,19 @@ class BwrapBackend(Backend):
             argv = bwrap_argv(
                 policy,
                 layout,
-                seccomp_fd=3,  # the helper places the first extra fd at 3
+                seccomp_fd=3,  # the launchers place the first extra fd at 3
                 relay_script=relay,
                 sources=dict(bridges),
                 bwrap=self._bwrap,
             )
+            fds = [fileno(stdout), fileno(stderr), rfd]
+            if self.launcher == "direct" and not bridges:
+                try:
+                    return self._direct.spawn(
+                        self._bwrap, argv, jail_env(policy), fds, uid=user, gid=group
+                    )
+                except OSError as e:
+                    raise InfraError(f"cannot start bwrap: {e}") from e
             request = {
                 "mode": "plain",
                 "argv": argv,
@@ -433,7 +483,7 @@ class BwrapBackend(Backend):
             pool = self._helpers
             if user is not None and not bridges:
                 pool, request["uid"], request["gid"] = self._jail_helpers, None, None
-            job = pool.spawn(request, [fileno(stdout), fileno(stderr), rfd])
+            job = pool.spawn(request, fds)
         finally:
             os.close(rfd)
             if wfd != -1:
@@ -452,14 +502,14 @@ class BwrapBackend(Backend):
         return str(target)
 
     def close(self) -> None:
+        self._direct.close()
         self._helpers.close()
         self._jail_helpers.close()
-        if self._bridge_root is not None:
-            shutil.rmtree(self._bridge_root, ignore_errors=True)
-            self._bridge_root = None
-        if self._etc_tmp is not None:
-            shutil.rmtree(self._etc_tmp, ignore_errors=True)
-            self._etc_tmp = None
+        with self._prepare_lock:
+            if self._cleanup is not None:
+                self._cleanup()
+                self._cleanup = None
+            self._bridge_root = self._etc_tmp = None
             self._layout = None
 
 
@@ -467,4 +517,6 @@ def running_as_root() -> bool:
     return os.geteuid() == 0
 
 
-__all__: Sequence[str] = ("BwrapBackend", "HostLayout", "bwrap_argv", "jail_env", "scan_host")
+__all__: Sequence[str] = (
+    "BwrapBackend", "HostLayout", "bwrap_argv", "choose_launcher", "jail_env", "scan_host",
+)

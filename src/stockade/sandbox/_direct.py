@@ -1,0 +1,191 @@
+"""Start bwrap straight from the engine with the C launcher, no exec helper.
+
+bwrap confines itself, so the engine only has to start it: ``_jail.spawn``
+vforks (nothing of the engine is copied), switches uid when the engine is
+root, sets the parent-death signal and execs. That saves the helper's round
+trip (a JSON request, a Python process waking twice per item), about half a
+millisecond of CPU per item on the machines we measured.
+
+Two rules make this safe in a threaded engine:
+
+* Every spawn runs on one long-lived launcher thread. The parent-death
+  signal fires when the *thread* that forked the child ends (prctl(2)), and
+  a worker thread may end while its jail still runs. The launcher thread
+  ends only at ``close``, or with the engine.
+* Only ``wait`` reaps, under a lock, and kills go to the process group only
+  while its leader is unreaped: an exited leader stays a zombie, which keeps
+  its pid (and so the group id) from naming anyone else. The wait itself
+  polls a pidfd, so no thread sleeps in ``waitpid`` holding the lock.
+
+Must not import runner, workspace, store or cli.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import queue
+import select
+import signal
+import sys
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+_FS_ENCODING = sys.getfilesystemencoding()
+_FS_ERRORS = sys.getfilesystemencodeerrors()
+
+
+def available() -> bool:
+    """Whether the C launcher (``stockade.sandbox._jail``) is installed."""
+    return importlib.util.find_spec("stockade.sandbox._jail") is not None
+
+
+@dataclass
+class _Request:
+    exe: bytes
+    argv: list[bytes]
+    env: list[bytes]
+    fds: list[int]
+    uid: int
+    gid: int
+    done: threading.Event = field(default_factory=threading.Event)
+    pid: int = 0
+    pidfd: int = -1
+    error: OSError | None = None
+
+
+class DirectRunning:
+    """A process started by the launcher thread; the Running protocol."""
+
+    def __init__(self, pid: int, pidfd: int) -> None:
+        self._pid = pid
+        self._pidfd = pidfd
+        self._lock = threading.Lock()
+        self._status: int | None = None
+        # Closed when the last reference goes: a thread may still be polling
+        # it when another one reaps.
+        weakref.finalize(self, os.close, pidfd)
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if self._status is not None:
+            return self._status
+        poller = select.poll()
+        poller.register(self._pidfd, select.POLLIN)
+        ms = None if timeout is None else max(0, int(timeout * 1000))
+        while True:
+            try:
+                if not poller.poll(ms):
+                    return None
+                break
+            except InterruptedError:  # pragma: no cover - PEP 475 retries
+                continue
+        with self._lock:
+            if self._status is None:
+                # Whatever the leader left in its session goes with it, while
+                # the zombie still holds the group id.
+                with contextlib.suppress(OSError):
+                    os.killpg(self._pid, signal.SIGKILL)
+                _, status = os.waitpid(self._pid, 0)
+                self._status = os.waitstatus_to_exitcode(status)
+        return self._status
+
+    def kill(self, grace: float = 2.0) -> None:
+        for sig, wait_for in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            with self._lock:
+                if self._status is not None:
+                    return
+                with contextlib.suppress(OSError):
+                    os.killpg(self._pid, sig)
+            if self.wait(wait_for) is not None:
+                return
+
+
+class Launcher:
+    """One thread that starts processes with ``_jail.spawn``; see the module doc."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._devnull = -1
+
+    def spawn(
+        self,
+        exe: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        fds: Sequence[int],
+        *,
+        uid: int | None = None,
+        gid: int | None = None,
+    ) -> DirectRunning:
+        """Start ``exe`` with stdin on /dev/null and ``fds`` on 1, 2, 3, ...
+
+        ``uid``/``gid``: switch to them first (a root engine's jail user).
+        Raises ``OSError`` when the process cannot be created at all; a
+        failure after that (the exec) is exit status 127 with the reason on
+        the process's stderr.
+        """
+        self._ensure()
+        # What os.fsencode does, without a Python call per string (bwrap's
+        # command line alone is some fifty of them per item).
+        req = _Request(
+            os.fsencode(exe),
+            [a.encode(_FS_ENCODING, _FS_ERRORS) for a in argv],
+            [f"{k}={v}".encode(_FS_ENCODING, _FS_ERRORS) for k, v in env.items()],
+            [self._devnull, *fds],
+            -1 if uid is None else uid,
+            -1 if gid is None else gid,
+        )
+        self._queue.put(req)
+        req.done.wait()
+        if req.error is not None:
+            raise req.error
+        return DirectRunning(req.pid, req.pidfd)
+
+    def _ensure(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            self._thread = threading.Thread(target=self._run, name="stockade-launcher", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        from stockade.sandbox import _jail
+
+        while (req := self._queue.get()) is not None:
+            try:
+                pid = _jail.spawn(
+                    req.exe, req.argv, req.env, b"/", req.fds, -1, b"", req.uid, req.gid, False, []
+                )
+            except (OSError, ValueError) as e:
+                req.error = e if isinstance(e, OSError) else OSError(str(e))
+                req.done.set()
+                continue
+            try:
+                req.pid, req.pidfd = pid, os.pidfd_open(pid)
+            except OSError as e:
+                # Still unreaped, so the pid is still ours to kill and reap.
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                req.error = e
+            req.done.set()
+
+    def close(self) -> None:
+        """End the launcher thread (its children get the parent-death signal)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+            if thread is None:
+                return
+            self._queue.put(None)
+            thread.join()
+            os.close(self._devnull)
+            self._devnull = -1

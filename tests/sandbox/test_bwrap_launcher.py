@@ -1,0 +1,181 @@
+"""How bwrap is started: by the engine's launcher thread with the C launcher
+(``direct``), or through an exec helper (``helper``, without the C launcher).
+
+The escape suite runs against both (``bwrap`` and ``bwrap-helper`` in
+``conftest.backend``); these tests pin what the direct path must do itself:
+keep a jail alive when the thread that asked for it ends, kill it with the
+engine, end the whole jail on ``kill``, and report a failed exec.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from stockade.errors import InfraError
+from stockade.sandbox import _direct, get_backend
+from stockade.sandbox.bwrap import BwrapBackend, choose_launcher
+from tests.sandbox.conftest import World, available_backend
+
+pytestmark = pytest.mark.sandbox
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(params=["bwrap", "bwrap-helper"])
+def backend(request: pytest.FixtureRequest) -> BwrapBackend:
+    """Overrides conftest's: the ``world`` of every test here is a bwrap one."""
+    b = available_backend(request, request.param)
+    assert isinstance(b, BwrapBackend)
+    return b
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"STOCKADE_BWRAP_LAUNCHER": "helper"}, "helper"),
+        ({}, "direct" if _direct.available() else "helper"),
+        ({"STOCKADE_BWRAP_LAUNCHER": "direct"}, "direct" if _direct.available() else "helper"),
+    ],
+)
+def test_launcher_choice(env: dict[str, str], expected: str) -> None:
+    assert choose_launcher(env) == expected
+
+
+def test_an_unknown_launcher_is_refused() -> None:
+    with pytest.raises(InfraError, match="STOCKADE_BWRAP_LAUNCHER='fast'"):
+        choose_launcher({"STOCKADE_BWRAP_LAUNCHER": "fast"})
+
+
+def test_the_default_is_direct_where_the_c_launcher_is_built() -> None:
+    # setup.py builds it wherever a C compiler is present (CI installs gcc).
+    if not _direct.available():
+        pytest.skip("stockade.sandbox._jail is not built (no C compiler at install time)")
+    b = get_backend("bwrap")
+    assert isinstance(b, BwrapBackend)
+    assert b.launcher == "direct"
+
+
+def test_doctor_names_the_launcher(world: World) -> None:
+    b = world.backend
+    assert isinstance(b, BwrapBackend)
+    reason = b.availability().reason
+    assert ("C launcher" in reason) == (b.launcher == "direct"), reason
+
+
+def test_a_jail_outlives_the_thread_that_started_it(world: World) -> None:
+    # The parent-death signal fires when the forking *thread* ends: a jail
+    # asked for by a short-lived thread must still run to its end.
+    policy = world.policy(["/bin/sh", "-c", "sleep 0.5; echo done > out/x"])
+    started = []
+    with open(world.meta / "stdout", "wb") as out:
+        t = threading.Thread(
+            target=lambda: started.append(world.backend.start(policy, stdout=out, stderr=out))
+        )
+        t.start()
+        t.join()
+        assert started[0].wait(20) == 0, (world.meta / "stdout").read_text()
+    assert (world.work / "out" / "x").read_text() == "done\n"
+
+
+def test_kill_ends_the_whole_jail(world: World) -> None:
+    marker = _marker()
+    policy = world.policy(["/bin/sh", "-c", f"sleep 1000 & sleep 1000; # {marker}"])
+    with open(world.meta / "stdout", "wb") as out:
+        running = world.backend.start(policy, stdout=out, stderr=out)
+        _await(lambda: len(_processes_with(marker)) >= 2, "the jail's processes to start")
+        running.kill(grace=0.2)
+        assert running.wait(5) is not None
+    _await(lambda: not _processes_with(marker), "the jail's processes to end")
+
+
+def test_a_failed_exec_is_exit_127_with_the_reason(world: World) -> None:
+    b = world.backend
+    assert isinstance(b, BwrapBackend)
+    broken = BwrapBackend(bwrap=str(world.base / "no-such-bwrap"), launcher=b.launcher)
+    try:
+        with open(world.meta / "stderr", "wb") as err:
+            running = broken.start(world.policy(["/bin/true"]), stdout=err, stderr=err)
+            assert running.wait(10) == 127
+        text = (world.meta / "stderr").read_text()
+        assert "No such file or directory" in text or "no-such-bwrap" in text, text
+    finally:
+        broken.close()
+
+
+def test_a_jail_dies_with_the_engine(world: World, tmp_path: Path) -> None:
+    # A stand-in engine starts a jail, reports its pid, and is SIGKILLed:
+    # nothing of the jail may keep running.
+    marker = _marker()
+    b = world.backend
+    assert isinstance(b, BwrapBackend)
+    code = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from stockade.sandbox import Policy
+        from stockade.sandbox.bwrap import BwrapBackend
+        b = BwrapBackend(launcher={b.launcher!r})
+        policy = Policy(argv=("/bin/sh", "-c", "echo up > out/up; sleep 1000; # {marker}"),
+                        work_dir=Path({str(world.work)!r}),
+                        scratch_dir=Path({str(world.base / "scratch")!r}),
+                        env={{"PATH": "/usr/bin:/bin"}})
+        r = b.start(policy, stdout=sys.stderr, stderr=sys.stderr)
+        print(r.pid, flush=True)
+        time.sleep(1000)
+    """)
+    engine = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert engine.stdout is not None
+        assert engine.stdout.readline().strip().isdigit()
+        # Up means the command runs: bwrap's own setup has a window in which
+        # its parent-death chain is not yet armed (bubblewrap sets it in
+        # each of its processes, after their fork).
+        _await((world.work / "out" / "up").exists, "the jail to start")
+        engine.send_signal(signal.SIGKILL)
+        engine.wait(10)
+        _await(lambda: not _processes_with(marker), "the jail to die with its engine")
+    finally:
+        if engine.poll() is None:
+            engine.kill()
+            engine.wait()
+
+
+def _marker() -> str:
+    return f"bwrap-launcher-{os.getpid()}-{time.monotonic_ns()}"
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Live (not zombie) processes whose command line holds ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def _await(condition: object, what: str, timeout: float = 10.0) -> None:
+    assert callable(condition)
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
