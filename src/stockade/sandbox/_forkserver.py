@@ -253,6 +253,15 @@ class Server:
         with contextlib.suppress(OSError):
             self.ctl.send(json.dumps(msg).encode())
 
+    def failed(self, req: dict[str, Any], fds: list[int], stage: str, error: OSError) -> None:
+        """Report a jail that could not start, to the engine and on the item's
+        stderr (where the C launcher reports a failed stage too)."""
+        reason = error.strerror or str(error)
+        if len(fds) >= 2:
+            with contextlib.suppress(OSError):
+                os.write(fds[1], f"stockade: cannot start the jail ({stage}): {reason}\n".encode())
+        self.send({"type": "failed", "id": req["id"], "error": f"{stage}: {reason}"})
+
     def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
         # The ruleset is built here, from paths opened with the helper's
         # rights, so the child only enforces it; the helper does not wait for
@@ -278,7 +287,7 @@ class Server:
                 fd_cache=self.path_fds if req.get("cache_read_only") else None,
             )
         except OSError as e:
-            self.send({"type": "failed", "id": req["id"], "error": f"landlock: {e}"})
+            self.failed(req, fds, "landlock", e)
             return
         try:
             if req.get("launcher") == "native":
@@ -308,7 +317,7 @@ class Server:
                 _rlimits(req),
             )
         except (OSError, ValueError) as e:
-            self.send({"type": "failed", "id": req["id"], "error": f"spawn: {e}"})
+            self.failed(req, fds, "spawn", e if isinstance(e, OSError) else OSError(str(e)))
             return
         self.started(req["id"], pid)
 
@@ -336,7 +345,7 @@ class Server:
                 setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD),
             )
         except OSError as e:
-            self.send({"type": "failed", "id": req["id"], "error": f"spawn: {e}"})
+            self.failed(req, fds, "exec", e)
             return
         finally:
             for fd in high:
@@ -351,7 +360,7 @@ class Server:
         try:
             pid = os.fork()
         except OSError as e:
-            self.send({"type": "failed", "id": req["id"], "error": f"fork: {e}"})
+            self.failed(req, fds, "fork", e)
             return
         if pid == 0:
             _child(req, self.prep, fprog, fds, ruleset, exe, parent)
