@@ -15,6 +15,9 @@ $(BIN)/stockade: pyproject.toml setup.py src/stockade/sandbox/_jail.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
+	@# An editable install is not byte-compiled, and with PYTHONDONTWRITEBYTECODE
+	@# set nothing ever would be: every command would compile stockade again.
+	$(BIN)/python -m compileall -q src
 	touch $@
 
 system-packages:

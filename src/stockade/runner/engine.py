@@ -13,9 +13,10 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from queue import Empty, SimpleQueue
 from typing import Any, Protocol
 
 from stockade.errors import StaleOutput, TamperedArtifact, UserError
@@ -160,6 +161,7 @@ class Engine:
         pending = deque(self.plan.order)
         queue: deque[tuple[Step, int, Any]] = deque()
         inflight: dict[Future[tuple[AttemptOutcome, list[AttemptRecord]]], tuple[Step, int, Any]] = {}
+        finished: SimpleQueue[Future[tuple[AttemptOutcome, list[AttemptRecord]]]] = SimpleQueue()
         interrupted = False
         pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="item")
         try:
@@ -170,16 +172,20 @@ class Engine:
                     self.reporter.item_started(step.id, index)
                     fut = pool.submit(self._run_item, step, index, value)
                     inflight[fut] = (step, index, value)
+                    fut.add_done_callback(finished.put)
                 if not inflight:
                     if progressed:
                         continue
                     break
-                done, _ = wait(list(inflight), timeout=FLUSH_SECONDS, return_when=FIRST_COMPLETED)
-                if not done:
+                # A queue of finished futures, not ``wait()``: that builds and
+                # removes a waiter on every pending future for every item.
+                try:
+                    fut = finished.get(timeout=FLUSH_SECONDS)
+                except Empty:
                     self.flush()
-                for fut in done:
-                    step, index, value = inflight.pop(fut)
-                    self._record(step, index, value, fut.result())
+                    continue
+                step, index, value = inflight.pop(fut)
+                self._record(step, index, value, fut.result())
         except KeyboardInterrupt:
             interrupted = True
             self.cancel()

@@ -30,7 +30,10 @@ class ItemResult:
 
 
 def artifacts_of(record: ItemRecord, run_path: Path, consumer_run: str) -> dict[str, Artifact]:
-    base = run_path / record.step / str(record.item) / "work" / "out"
+    if not record.outputs:
+        return {}
+    # One Path built from a string, not five joins: this runs for every item.
+    base = Path(f"{run_path}/{record.step}/{record.item}/work/out")
     return {
         a.name: Artifact(
             run_id=a.run_id, step=a.step, item=a.item, attempt=a.attempt, name=a.name,

@@ -80,7 +80,9 @@ class RunDir:
             ) from None
 
     def item(self, step: str, index: int) -> ItemDir:
-        return ItemDir(self.path / step / str(index), self.path / ".scratch" / step / str(index))
+        # Built from strings: joining Paths part by part is measurable per item.
+        base = str(self.path)
+        return ItemDir(Path(f"{base}/{step}/{index}"), Path(f"{base}/.scratch/{step}/{index}"))
 
 
 @dataclass(frozen=True)
@@ -107,13 +109,20 @@ class ItemDir:
     def completion(self) -> Path:
         return self.meta / "completion.json"
 
+    @cached_property
+    def _attempts(self) -> dict[int, Path]:
+        return {}
+
     def attempt_dir(self, n: int) -> Path:
-        return self.meta / "attempts" / str(n)
+        known = self._attempts.get(n)
+        if known is None:
+            known = self._attempts[n] = Path(f"{self.path}/meta/attempts/{n}")
+        return known
 
     def last_attempt(self) -> int:
         """The highest attempt number recorded on disk (0 if none)."""
         try:
-            names = os.listdir(self.meta / "attempts")
+            names = os.listdir(f"{self.path}/meta/attempts")
         except FileNotFoundError:
             return 0
         return max((int(n) for n in names if n.isdigit()), default=0)
