@@ -179,3 +179,20 @@ def _await(condition: object, what: str, timeout: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)
+
+
+def test_a_closed_backend_starts_jails_again(world: World) -> None:
+    # close() ends the launcher thread (and the helpers); the next start
+    # must bring up a new one rather than queue to the stopped thread.
+    b = world.backend
+    assert isinstance(b, BwrapBackend)
+    fresh = BwrapBackend(launcher=b.launcher)
+    try:
+        for _ in range(2):
+            with open(world.meta / "stdout", "wb") as out:
+                running = fresh.start(world.policy(["/bin/sh", "-c", "echo ok"]), stdout=out, stderr=out)
+                assert running.wait(20) == 0
+            assert (world.meta / "stdout").read_text() == "ok\n"
+            fresh.close()
+    finally:
+        fresh.close()

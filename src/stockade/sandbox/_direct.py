@@ -133,35 +133,43 @@ class Launcher:
         failure after that (the exec) is exit status 127 with the reason on
         the process's stderr.
         """
-        self._ensure()
         # What os.fsencode does, without a Python call per string (bwrap's
         # command line alone is some fifty of them per item).
         req = _Request(
             os.fsencode(exe),
             [a.encode(_FS_ENCODING, _FS_ERRORS) for a in argv],
             [f"{k}={v}".encode(_FS_ENCODING, _FS_ERRORS) for k, v in env.items()],
-            [self._devnull, *fds],
+            list(fds),
             -1 if uid is None else uid,
             -1 if gid is None else gid,
         )
-        self._queue.put(req)
+        with self._lock:
+            # Under the lock, so a concurrent close() cannot end the thread
+            # between its start and this request.
+            if self._thread is None:
+                self._start_thread()
+            req.fds.insert(0, self._devnull)
+            self._queue.put(req)
         req.done.wait()
         if req.error is not None:
             raise req.error
         return DirectRunning(req.pid, req.pidfd)
 
-    def _ensure(self) -> None:
-        with self._lock:
-            if self._thread is not None:
-                return
-            self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-            self._thread = threading.Thread(target=self._run, name="stockade-launcher", daemon=True)
-            self._thread.start()
+    def _start_thread(self) -> None:
+        # Each thread gets its own queue: a request can never reach a thread
+        # that close() has already told to stop.
+        self._queue = queue.SimpleQueue()
+        self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        self._thread = threading.Thread(
+            target=self._run, args=(self._queue,), name="stockade-launcher", daemon=True
+        )
+        self._thread.start()
 
-    def _run(self) -> None:
+    @staticmethod
+    def _run(requests: queue.SimpleQueue[_Request | None]) -> None:
         from stockade.sandbox import _jail
 
-        while (req := self._queue.get()) is not None:
+        while (req := requests.get()) is not None:
             try:
                 pid = _jail.spawn(
                     req.exe, req.argv, req.env, b"/", req.fds, -1, b"", req.uid, req.gid, False, []
@@ -186,6 +194,6 @@ class Launcher:
             if thread is None:
                 return
             self._queue.put(None)
-            thread.join()
-            os.close(self._devnull)
-            self._devnull = -1
+            devnull, self._devnull = self._devnull, -1
+        thread.join()
+        os.close(devnull)

@@ -61,6 +61,8 @@ JAIL_TMP = "/tmp"
 PROXY_PORT = 3128
 #: Where helper files (the relay script, the proxy socket) appear in the jail.
 HELPER_DIR = "/.stockade"
+#: The host side of the in-jail relay to the egress proxy.
+RELAY_SCRIPT = str(Path(__file__).with_name("_relay.py"))
 #: The uid/gid a jail runs as when the engine is root.
 JAIL_UID = 65534
 JAIL_GID = 65534
@@ -308,7 +310,7 @@ def _resolve(path: str) -> str:
     return os.path.join(_realpath_dir(top), middle, last)
 
 
-def reachable_by_others(path: Path) -> bool:
+def reachable_by_others(path: str | Path) -> bool:
     """Other users can search every directory down to ``path`` and use ``path`` itself."""
     try:
         resolved = _resolve(os.path.abspath(path))
@@ -432,7 +434,7 @@ class BwrapBackend(Backend):
         if os.geteuid() == 0:
             user, group = JAIL_UID, JAIL_GID
             _chown_tree(policy.work_dir, JAIL_UID, JAIL_GID)
-        relay = str(Path(__file__).with_name("_relay.py"))
+        relay = RELAY_SCRIPT
         paths = [str(policy.work_dir), *(str(m.source) for m in policy.mounts)]
         if layout.etc_dir is not None and not self._etc_reachable:
             paths.append(layout.etc_dir)
@@ -446,7 +448,7 @@ class BwrapBackend(Backend):
         bridges: list[tuple[str, str]] = []
         if user is not None:
             for p in dict.fromkeys(paths):
-                if not reachable_by_others(Path(p)):
+                if not reachable_by_others(p):
                     bridges.append((p, self._bridge_point(p)))
         rfd, wfd = os.pipe()
         try:

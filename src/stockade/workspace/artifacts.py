@@ -29,7 +29,7 @@ from stockade.errors import StaleOutput, TamperedArtifact, UserError
 CHUNK = 1 << 20
 
 
-def sha256_file(path: Path) -> tuple[str, int]:
+def sha256_file(path: str | Path) -> tuple[str, int]:
     """Hash a regular file without following a symlink at ``path``."""
     h = hashlib.sha256()
     size = 0
@@ -229,7 +229,7 @@ def collect_outputs(out_dir: Path) -> list[Output]:
                         os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
                     finally:
                         os.close(fd)
-                digest, size = sha256_file(Path(entry.path))
+                digest, size = sha256_file(entry.path)
                 found.append(Output(rel, digest, size))
         for entry in subfolders:
             visit(entry.path, prefix + entry.name + "/")
