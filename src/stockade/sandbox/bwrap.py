@@ -52,6 +52,7 @@ from typing import IO, Literal
 from stockade.errors import InfraError
 from stockade.sandbox import _direct, seccomp
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
+from stockade.sandbox._tmp import owned_tmpdir
 from stockade.sandbox.base import Availability, Backend, Running
 from stockade.sandbox.policy import Policy, Resources
 
@@ -346,9 +347,11 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
                     stack.append(entry.path)
 
 
-def _remove_trees(paths: Sequence[str]) -> None:
+def _remove_trees(paths: Sequence[str], locks: Sequence[int]) -> None:
     for p in paths:
         shutil.rmtree(p, ignore_errors=True)
+    for fd in locks:
+        os.close(fd)
 
 
 def _memory_tmp() -> str | None:
@@ -371,7 +374,7 @@ class BwrapBackend(Backend):
         self._etc_tmp: str | None = None
         self._etc_reachable = False
         self._bridge_root: str | None = None
-        self._cleanup: weakref.finalize[[Sequence[str]], BwrapBackend] | None = None
+        self._cleanup: weakref.finalize[[Sequence[str], Sequence[int]], BwrapBackend] | None = None
         self._prepare_lock = threading.Lock()
         self._helpers = HelperPool()
         #: For a root engine: helpers that already run as the jail uid.
@@ -414,13 +417,12 @@ class BwrapBackend(Backend):
         if self._layout is None or self._filter is None:
             # In memory where possible: /etc/ssl/certs alone is hundreds of
             # symlinks, slow to create and delete on a busy disk, every run.
-            self._etc_tmp = tempfile.mkdtemp(prefix="stockade-etc-", dir=_memory_tmp())
-            os.chmod(self._etc_tmp, 0o755)
-            self._bridge_root = tempfile.mkdtemp(prefix="stockade-bridge-")
-            os.chmod(self._bridge_root, 0o755)
-            # Removed by close(), or at exit for a backend nobody closed.
+            self._etc_tmp, etc_lock = owned_tmpdir("stockade-etc-", _memory_tmp())
+            self._bridge_root, bridge_lock = owned_tmpdir("stockade-bridge-")
+            # Removed by close(), or at exit for a backend nobody closed (and
+            # by the next run's sweep after a SIGKILL: see ``_tmp``).
             self._cleanup = weakref.finalize(
-                self, _remove_trees, (self._etc_tmp, self._bridge_root)
+                self, _remove_trees, (self._etc_tmp, self._bridge_root), (etc_lock, bridge_lock)
             )
             self._layout = build_etc(scan_host(), Path(self._etc_tmp) / "etc")
             # Our own 0755 copy: checked once, not for every item.
