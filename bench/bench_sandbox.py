@@ -1,6 +1,7 @@
 """Jailed fan-out through ``Backend.start`` against a raw anchor, in the same run.
 
-    python bench/bench_sandbox.py [--items 1000] [--jobs 2] [--backend bwrap --backend landlock] [--engine]
+    python bench/bench_sandbox.py [--items 1000] [--jobs 2] [--rounds 5]
+                                  [--backend bwrap --backend landlock] [--engine]
 
 For ``bwrap`` the anchor is raw ``bwrap`` (empty root, system dirs read-only,
 fresh namespaces, the item's dir bound and used as cwd) started by
@@ -15,9 +16,11 @@ ratio (ours / anchor; target <= 1.5) and the overhead per item in ms
 plan, store records, provenance, completion files: everything) against the
 same anchors, and for landlock also against raw bwrap (the issue's anchor).
 There the anchors' item folders (item/, work/, out/, scratch/) are created
-inside the timing, as the engine's are. Both sides write under ``$TMPDIR``:
-on a disk that has deleted many files, every new inode is slow and the
-engine makes about eleven per item (compare with ``TMPDIR=/dev/shm``).
+inside the timing, as the engine's are. Each round times one anchor run and
+one engine run back to back; the ratio printed is the median of the rounds'
+ratios, with their range. Both sides write under ``$TMPDIR``: on a disk that
+has deleted many files, every new inode is slow and the engine makes ten per
+item against the anchor's four (compare with ``TMPDIR=/dev/shm``).
 """
 
 from __future__ import annotations
@@ -51,14 +54,26 @@ class Row:
     jobs: int
     anchor_s: float
     ours_s: float
+    #: Per-round ratios (engine mode): each round's run against the anchor
+    #: timed next to it, so a disk or host that slows down during the
+    #: benchmark does not tilt the result.
+    round_ratios: tuple[float, ...] = ()
 
     @property
     def ratio(self) -> float:
+        if self.round_ratios:
+            return statistics.median(self.round_ratios)
         return self.ours_s / self.anchor_s
 
     @property
     def overhead_ms(self) -> float:
         return (self.ours_s - self.anchor_s) / self.items * 1000
+
+    @property
+    def spread(self) -> str:
+        if not self.round_ratios:
+            return ""
+        return f"{min(self.round_ratios):.2f}-{max(self.round_ratios):.2f}"
 
 
 def _make_items(base: Path, n: int) -> list[Path]:
@@ -181,9 +196,10 @@ def run_engine(backends: list[str], items: int, jobs: int, rounds: int = 3) -> l
                     shutil.rmtree(tmp / f"{kind}{r}")
                 ours.append(run_stockade(tmp, items, name, jobs)["wall"])
         for kind, times in anchors.items():
-            rows.append(
-                Row(name, kind, items, jobs, statistics.median(times), statistics.median(ours))
-            )
+            ratios = tuple(o / a for o, a in zip(ours, times, strict=True))
+            rows.append(Row(
+                name, kind, items, jobs, statistics.median(times), statistics.median(ours), ratios
+            ))  # fmt: skip
     return rows
 
 
@@ -191,24 +207,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--items", type=int, default=1000)
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="alternating rounds (backend mode: chunks of --items; engine mode: "
+                    "whole runs of --items each)")  # fmt: skip
     ap.add_argument("--backend", action="append", choices=["bwrap", "landlock"])
     ap.add_argument("--engine", action="store_true", help="time whole `stockade run`s")
     args = ap.parse_args()
     backends = args.backend or ["bwrap", "landlock"]
     if args.engine:
-        rows = run_engine(backends, args.items, args.jobs, min(args.rounds, 3))
+        rows = run_engine(backends, args.items, args.jobs, args.rounds)
     else:
         rows = run(backends, args.items, args.jobs, args.rounds)
     what = "stockade run (whole engine)" if args.engine else "Backend.start + wait"
     print(f"{what}; anchors run by xargs -P{args.jobs}: bwrap = raw bwrap per item, "
           "bare = the command alone, unsandboxed")  # fmt: skip
     print(f"{'backend':<10} {'anchor':<7} {'items':>6} {'jobs':>4} {'anchor s':>9} {'ours s':>8} "
-          f"{'ratio':>6} {'overhead ms/item':>17}")  # fmt: skip
+          f"{'ratio':>6} {'rounds':>10} {'overhead ms/item':>17}")  # fmt: skip
     for r in rows:
         print(
             f"{r.backend:<10} {r.anchor:<7} {r.items:>6} {r.jobs:>4} {r.anchor_s:>9.2f} "
-            f"{r.ours_s:>8.2f} {r.ratio:>6.2f} {r.overhead_ms:>17.2f}"
+            f"{r.ours_s:>8.2f} {r.ratio:>6.2f} {r.spread:>10} {r.overhead_ms:>17.2f}"
         )
     print(f"(host: {os.cpu_count()} cpus)")
 
