@@ -196,3 +196,18 @@ def test_a_closed_backend_starts_jails_again(world: World) -> None:
             fresh.close()
     finally:
         fresh.close()
+
+
+def test_direct_wait_times_out_and_takes_any_timeout(tmp_path: Path) -> None:
+    if not _direct.available():
+        pytest.skip("stockade.sandbox._jail is not built (no C compiler at install time)")
+    launcher = _direct.Launcher()
+    try:
+        with open(tmp_path / "out", "wb") as out:
+            running = launcher.spawn("/bin/sleep", ["sleep", "0.3"], {}, [out.fileno()] * 2)
+            assert running.wait(0.01) is None
+            # Far beyond what poll()'s int of milliseconds holds.
+            assert running.wait(1e9) == 0
+            assert running.wait(0) == 0  # reaped once, answered again
+    finally:
+        launcher.close()

@@ -24,16 +24,20 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import math
 import os
 import queue
 import select
 import signal
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+#: The longest single poll() in ``DirectRunning.wait`` (seconds).
+_SLICE = 3600.0
 _FS_ENCODING = sys.getfilesystemencoding()
 _FS_ERRORS = sys.getfilesystemencodeerrors()
 
@@ -78,14 +82,15 @@ class DirectRunning:
             return self._status
         poller = select.poll()
         poller.register(self._pidfd, select.POLLIN)
-        ms = None if timeout is None else max(0, int(timeout * 1000))
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         while True:
-            try:
-                if not poller.poll(ms):
-                    return None
+            # poll() takes an int of milliseconds: wait in bounded slices, so
+            # a step timeout of months does not overflow it.
+            left = _SLICE if deadline is None else min(_SLICE, deadline - time.monotonic())
+            if poller.poll(max(0, math.ceil(left * 1000))):
                 break
-            except InterruptedError:  # pragma: no cover - PEP 475 retries
-                continue
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
         with self._lock:
             if self._status is None:
                 # Whatever the leader left in its session goes with it, while
