@@ -135,6 +135,48 @@ def _artifact(tmp_path: Path, run_id: str, data: bytes, consumer: str = "") -> A
                     len(data), p, consumer)
 
 
+@pytest.mark.parametrize("swap", ["folder", "file"])
+def test_collect_outputs_does_not_follow_a_swap_during_the_walk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: str
+) -> None:
+    # A jail process still dying swaps out/d (or out/f) for a symlink to a
+    # host folder (file) between the listing and the descent: the walk must
+    # refuse it, never hash the host's bytes as an output.
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "secret").write_text("host bytes\n")
+    out = tmp_path / "out"
+    (out / "d").mkdir(parents=True)
+    (out / "d" / "x").write_text("mine\n")
+    (out / "f").write_text("mine\n")
+    real_scandir = os.scandir
+
+    def racing_scandir(fd):  # type: ignore[no-untyped-def]
+        entries = list(real_scandir(fd))
+        for e in entries:
+            e.stat(follow_symlinks=False)  # listed and looked at: a folder, a file
+        if any(e.name == "d" for e in entries):
+            if swap == "folder":
+                os.rename(out / "d", tmp_path / "moved")
+                os.symlink(host, out / "d")
+            else:
+                os.unlink(out / "f")
+                os.symlink(host / "secret", out / "f")
+
+        class Listing:
+            def __enter__(self) -> list[os.DirEntry[str]]:
+                return entries
+
+            def __exit__(self, *exc: object) -> None:
+                return None
+
+        return Listing()
+
+    monkeypatch.setattr(os, "scandir", racing_scandir)
+    with pytest.raises(OutputRefused, match="changed while it was read"):
+        collect_outputs(out)
+
+
 def test_materialise_copies_an_artifact_of_this_run(tmp_path: Path) -> None:
     art = _artifact(tmp_path, "run-b", b'{"rows": 3}')
     work = tmp_path / "work"

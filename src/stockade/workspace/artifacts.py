@@ -14,6 +14,7 @@ Must not import the runner, the sandbox or the CLI.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -31,13 +32,19 @@ CHUNK = 1 << 20
 
 def sha256_file(path: str | Path) -> tuple[str, int]:
     """Hash a regular file without following a symlink at ``path``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return _sha256_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256_fd(fd: int) -> tuple[str, int]:
     h = hashlib.sha256()
     size = 0
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-            size += len(chunk)
+    while chunk := os.read(fd, CHUNK):
+        h.update(chunk)
+        size += len(chunk)
     return h.hexdigest(), size
 
 
@@ -196,18 +203,46 @@ class OutputRefused(Exception):
     """``out/`` holds something the engine will not hand downstream."""
 
 
+#: Opening a folder of ``out/``: never through a symlink.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def collect_outputs(out_dir: Path) -> list[Output]:
     """Hash every regular file under ``out/``; refuse symlinks and special files.
 
     Nothing is followed: a symlink to a host file must never make the engine
-    copy that file into the next jail. Order: a folder's files by name, then
-    its subfolders by name (as ``os.walk`` top-down would give them).
+    copy that file into the next jail. The walk goes by folder descriptors
+    (``openat`` with ``O_NOFOLLOW``), so a folder swapped for a symlink while
+    it runs, by a jail process still dying, is refused rather than entered;
+    each file is checked again on the descriptor it is hashed from. Order: a
+    folder's files by name, then its subfolders by name (as ``os.walk``
+    top-down would give them).
     """
     found: list[Output] = []
     bad: list[str] = []
 
-    def visit(folder: str, prefix: str) -> None:
-        with os.scandir(folder) as it:
+    def file(dir_fd: int, name: str, rel: str) -> None:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                         dir_fd=dir_fd)  # fmt: skip
+        except OSError:
+            bad.append(f"{rel} (changed while it was read)")
+            return
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+                bad.append(f"{rel} (changed while it was read)")
+                return
+            if st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                # A jail's setuid file must not become a privilege on the host.
+                os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+            digest, size = _sha256_fd(fd)
+        finally:
+            os.close(fd)
+        found.append(Output(rel, digest, size))
+
+    def visit(dir_fd: int, prefix: str) -> None:
+        with os.scandir(dir_fd) as it:
             entries = sorted(it, key=lambda e: e.name)
         subfolders = []
         for entry in entries:
@@ -216,36 +251,40 @@ def collect_outputs(out_dir: Path) -> list[Output]:
             if stat.S_ISLNK(st.st_mode):
                 bad.append(f"{rel} (symlink)")
             elif stat.S_ISDIR(st.st_mode):
-                subfolders.append(entry)
+                subfolders.append(entry.name)
             elif not stat.S_ISREG(st.st_mode):
                 bad.append(f"{rel} (special file)")
             elif st.st_nlink > 1:
                 bad.append(f"{rel} (hard link)")
             else:
-                if st.st_mode & (stat.S_ISUID | stat.S_ISGID):
-                    # A jail's setuid file must not become a privilege on the host.
-                    fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
-                    try:
-                        os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
-                    finally:
-                        os.close(fd)
-                digest, size = sha256_file(entry.path)
-                found.append(Output(rel, digest, size))
-        for entry in subfolders:
-            visit(entry.path, prefix + entry.name + "/")
+                file(dir_fd, entry.name, rel)
+        for name in subfolders:
+            try:
+                sub = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+            except OSError:
+                bad.append(f"{prefix}{name} (changed while it was read)")
+                continue
+            try:
+                visit(sub, prefix + name + "/")
+            finally:
+                os.close(sub)
 
-    top = os.fspath(out_dir)
     try:
-        st = os.lstat(top)
+        top = os.open(out_dir, _DIR_FLAGS)
     except FileNotFoundError:
         return []  # the step removed out/: it hands nothing downstream
-    if stat.S_ISLNK(st.st_mode):
-        # scandir would follow it: out/ -> a host folder would be hashed and
-        # copied into the next jail.
-        raise OutputRefused("out/ itself was replaced by a symlink; refused")
-    if not stat.S_ISDIR(st.st_mode):
-        raise OutputRefused("out/ itself was replaced by something that is not a folder")
-    visit(top, "")
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            # Followed, out/ -> a host folder would be hashed and copied into
+            # the next jail.
+            raise OutputRefused("out/ itself was replaced by a symlink; refused") from exc
+        if exc.errno == errno.ENOTDIR:
+            raise OutputRefused("out/ itself was replaced by something that is not a folder") from exc
+        raise
+    try:
+        visit(top, "")
+    finally:
+        os.close(top)
     if bad:
         raise OutputRefused("out/ may hold only regular files; refused: " + ", ".join(sorted(bad)))
     return found
