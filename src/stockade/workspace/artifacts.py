@@ -274,13 +274,14 @@ def collect_outputs(out_dir: Path) -> list[Output]:
     except FileNotFoundError:
         return []  # the step removed out/: it hands nothing downstream
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        # O_DIRECTORY with O_NOFOLLOW reports a symlink as ENOTDIR: ask.
+        if stat.S_ISLNK(os.lstat(out_dir).st_mode):
             # Followed, out/ -> a host folder would be hashed and copied into
             # the next jail.
             raise OutputRefused("out/ itself was replaced by a symlink; refused") from exc
-        if exc.errno == errno.ENOTDIR:
-            raise OutputRefused("out/ itself was replaced by something that is not a folder") from exc
-        raise
+        raise OutputRefused("out/ itself was replaced by something that is not a folder") from exc
     try:
         visit(top, "")
     finally:
