@@ -201,7 +201,7 @@ def test_a_closed_backend_starts_jails_again(world: World) -> None:
 def test_direct_wait_times_out_and_takes_any_timeout(tmp_path: Path) -> None:
     if not _direct.available():
         pytest.skip("stockade.sandbox._jail is not built (no C compiler at install time)")
-    launcher = _direct.Launcher()
+    launcher = _direct.LauncherThread()
     try:
         with open(tmp_path / "out", "wb") as out:
             running = launcher.spawn("/bin/sleep", ["sleep", "0.3"], {}, [out.fileno()] * 2)

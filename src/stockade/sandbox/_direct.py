@@ -112,7 +112,7 @@ class DirectRunning:
                 return
 
 
-class Launcher:
+class LauncherThread:
     """One thread that starts processes with ``_jail.spawn``; see the module doc."""
 
     def __init__(self) -> None:

@@ -368,7 +368,7 @@ class BwrapBackend(Backend):
     def __init__(self, bwrap: str | None = None, launcher: Launcher | None = None) -> None:
         self._bwrap = bwrap or shutil.which("bwrap") or "/usr/bin/bwrap"
         self._launcher = launcher
-        self._direct = _direct.Launcher()
+        self._direct = _direct.LauncherThread()
         self._layout: HostLayout | None = None
         self._filter: bytes | None = None
         self._etc_tmp: str | None = None

@@ -22,7 +22,6 @@ Must not import runner, workspace, store or cli.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import socket
 import stat
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 from stockade.errors import InfraError
-from stockade.sandbox import _landlock, seccomp
+from stockade.sandbox import _direct, _landlock, seccomp
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox.base import Availability, Backend, Running
 from stockade.sandbox.bwrap import (
@@ -132,7 +131,7 @@ def landlock_request(
 
 def native_launcher() -> bool:
     """Whether the C launcher (``stockade.sandbox._jail``, built by setup.py) is installed."""
-    return importlib.util.find_spec("stockade.sandbox._jail") is not None
+    return _direct.available()
 
 
 def choose_launcher(env: Mapping[str, str]) -> Launcher:
