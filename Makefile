@@ -35,6 +35,7 @@ test: $(BIN)/stockade system-packages
 bench: $(BIN)/stockade
 	$(BIN)/python bench/bench_fanout.py
 	$(BIN)/python bench/bench_sandbox.py
+	$(BIN)/python bench/bench_sandbox.py --engine
 	$(BIN)/python bench/bench_agent.py
 	$(BIN)/python bench/bench_publish.py
 
