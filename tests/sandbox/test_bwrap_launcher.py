@@ -211,3 +211,20 @@ def test_direct_wait_times_out_and_takes_any_timeout(tmp_path: Path) -> None:
             assert running.wait(0) == 0  # reaped once, answered again
     finally:
         launcher.close()
+
+
+def test_a_refused_start_is_an_error_and_the_launcher_goes_on(tmp_path: Path) -> None:
+    # A NUL byte would cut the C string short: refused, reported, and the
+    # launcher thread keeps serving (a dead one would leave callers waiting).
+    if not _direct.available():
+        pytest.skip("stockade.sandbox._jail is not built (no C compiler at install time)")
+    launcher = _direct.LauncherThread()
+    try:
+        with open(tmp_path / "out", "wb") as out:
+            with pytest.raises(OSError, match="embedded null byte"):
+                launcher.spawn("/bin/echo", ["echo", "a\x00b"], {}, [out.fileno()] * 2)
+            running = launcher.spawn("/bin/echo", ["echo", "fine"], {}, [out.fileno()] * 2)
+            assert running.wait(10) == 0
+        assert (tmp_path / "out").read_text() == "fine\n"
+    finally:
+        launcher.close()

@@ -179,7 +179,9 @@ class LauncherThread:
                 pid = _jail.spawn(
                     req.exe, req.argv, req.env, b"/", req.fds, -1, b"", req.uid, req.gid, False, []
                 )
-            except (OSError, ValueError) as e:
+            except Exception as e:
+                # The caller waits for an answer, whatever fails. OSError: no
+                # process; ValueError: a string with a NUL byte.
                 req.error = e if isinstance(e, OSError) else OSError(str(e))
                 req.done.set()
                 continue
