@@ -216,6 +216,12 @@ class Checker:
         if isinstance(fe, str) and "{{" not in fe:
             self.add(self.position((*base, "for_each")),
                      f"for_each of {label} must be a {{{{ }}}} expression giving a list, or a YAML list")
+        for key in ("run", "env"):
+            for path, text in iter_strings(step.get(key), (*base, key)):
+                if "\x00" in text:
+                    self.add(self.position(path),
+                             f"{_slot(path[len(base):])} of {label} holds a NUL character (\\0): "
+                             f"no command line or environment variable can carry one")
         self._inputs(base, step, label)
         self._env(base, step, label)
         self._secrets(base, step, label)
