@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -61,3 +62,18 @@ def test_folders_without_an_owner_file_are_left_alone(tmp_path: Path) -> None:
     assert sweep(str(tmp_path), "stockade-t-") == 0
     assert (tmp_path / "stockade-t-old").is_dir()
     assert (tmp_path / "unrelated").is_dir()
+
+
+def test_another_hosts_folders_are_never_judged(tmp_path: Path) -> None:
+    # A temp dir shared over the network: a lock held on another machine may
+    # not show here, so its folders must not be swept from here.
+    other = tmp_path / "stockade-t-some-other-host-abc123"
+    other.mkdir()
+    (other / OWNER).write_text("")
+    path, fd = owned_tmpdir("stockade-t-", str(tmp_path))
+    try:
+        assert other.is_dir()
+        assert os.path.basename(path).startswith(f"stockade-t-{socket.gethostname()}-")
+    finally:
+        shutil.rmtree(path)
+        os.close(fd)

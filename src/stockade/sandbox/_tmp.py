@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import socket
 import tempfile
 
 OWNER = ".owner"
@@ -28,6 +29,10 @@ def owned_tmpdir(prefix: str, parent: str | None = None) -> tuple[str, int]:
     removing the folder. Stale folders with the same prefix go first.
     """
     parent = parent or tempfile.gettempdir()
+    # The host name is part of the name: on a temp dir shared over the
+    # network a lock taken on another machine may not be visible here, so a
+    # sweep only ever judges this machine's folders.
+    prefix = f"{prefix}{socket.gethostname()}-"
     sweep(parent, prefix)
     path = tempfile.mkdtemp(prefix=prefix, dir=parent)
     os.chmod(path, 0o755)
