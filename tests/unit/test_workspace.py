@@ -177,6 +177,27 @@ def test_collect_outputs_does_not_follow_a_swap_during_the_walk(
         collect_outputs(out)
 
 
+def test_an_unreadable_output_is_refused_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A jail can leave a mode-000 file that a non-root engine cannot open
+    # (root reads it anyway, so the refusal is injected here): the message
+    # names the reason, not a race.
+    out = tmp_path / "out"
+    _write(out / "locked", b"x")
+    _write(out / "fine", b"y")
+    real_open = os.open
+
+    def refusing_open(path, flags, mode=0o777, *, dir_fd=None):  # type: ignore[no-untyped-def]
+        if path == "locked":
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    with pytest.raises(OutputRefused, match=r"locked \(Permission denied\)"):
+        collect_outputs(out)
+
+
 def test_materialise_copies_an_artifact_of_this_run(tmp_path: Path) -> None:
     art = _artifact(tmp_path, "run-b", b'{"rows": 3}')
     work = tmp_path / "work"

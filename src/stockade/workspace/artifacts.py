@@ -207,6 +207,13 @@ class OutputRefused(Exception):
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+def _why(exc: OSError) -> str:
+    """Why an entry of ``out/`` could not be opened, for the refusal message."""
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+        return "changed while it was read"  # swapped, or removed, after the listing
+    return exc.strerror or str(exc)
+
+
 def collect_outputs(out_dir: Path) -> list[Output]:
     """Hash every regular file under ``out/``; refuse symlinks and special files.
 
@@ -225,8 +232,8 @@ def collect_outputs(out_dir: Path) -> list[Output]:
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
                          dir_fd=dir_fd)  # fmt: skip
-        except OSError:
-            bad.append(f"{rel} (changed while it was read)")
+        except OSError as exc:
+            bad.append(f"{rel} ({_why(exc)})")
             return
         try:
             st = os.fstat(fd)
@@ -261,8 +268,8 @@ def collect_outputs(out_dir: Path) -> list[Output]:
         for name in subfolders:
             try:
                 sub = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-            except OSError:
-                bad.append(f"{prefix}{name} (changed while it was read)")
+            except OSError as exc:
+                bad.append(f"{prefix}{name} ({_why(exc)})")
                 continue
             try:
                 visit(sub, prefix + name + "/")
