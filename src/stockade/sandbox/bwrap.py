@@ -406,6 +406,9 @@ class BwrapBackend(Backend):
             "are visible to every step",
             "work/ appears at its host path, so the run tree's location is visible",
             "a step killed by signal N is reported as exit status 128+N",
+            "an engine killed within the first millisecond of an item's setup can leave that "
+            "item's jail running (still jailed) until it ends: bubblewrap arms its "
+            "parent-death signal only after each of its forks",
             "network: open shares the host network stack (recorded as reduced isolation)",
         )
 
