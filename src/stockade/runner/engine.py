@@ -19,10 +19,17 @@ from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import Any, Protocol
 
-from stockade.errors import StaleOutput, TamperedArtifact, UserError
-from stockade.expr import RenderError, compile_template, render
+from stockade.errors import UserError
+from stockade.expr import compile_template, render
 from stockade.plan import Plan, expand
-from stockade.runner.item import AttemptContext, AttemptOutcome, located, run_attempt
+from stockade.runner.item import (
+    ITEM_ERRORS,
+    AttemptContext,
+    AttemptOutcome,
+    error_message,
+    located,
+    run_attempt,
+)
 from stockade.runner.views import ItemResult, artifacts_of, step_view
 from stockade.spec import Spec
 from stockade.spec.model import Step
@@ -224,8 +231,8 @@ class Engine:
             try:
                 with located(self.ac, sid, "for_each"):
                     items = self._items_of(st.step)
-            except (RenderError, UserError, StaleOutput, TamperedArtifact) as exc:
-                st.status, st.message = "failed", str(getattr(exc, "message", None) or exc)
+            except ITEM_ERRORS as exc:
+                st.status, st.message = "failed", error_message(exc)
                 self._record_step_error(st)
                 continue
             st.status, st.total = "running", len(items)
@@ -293,9 +300,9 @@ class Engine:
                         raise UserError(
                             f"keep: must render true or false, got {type(decision).__name__}")
                 status, message = "succeeded", "kept" if decision else "dropped"
-            except (RenderError, UserError, StaleOutput, TamperedArtifact) as exc:
+            except ITEM_ERRORS as exc:
                 decision, status = None, "errored"
-                message = getattr(exc, "message", None) or str(exc)
+                message = error_message(exc)
             st.results[index] = ItemResult(index, status, value, decision)
             self.store.complete_item(ItemRecord(
                 self.run.run_id, st.step.id, index, status, 1, result=decision,

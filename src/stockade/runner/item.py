@@ -113,14 +113,23 @@ class _Pump(threading.Thread):
         self.sink.flush()
 
 
+#: What an item's own templates and inputs can raise: the item errors (not
+#: retried), the run goes on.
+ITEM_ERRORS = (RenderError, UserError, StaleOutput, TamperedArtifact)
+
+
+def error_message(exc: BaseException) -> str:
+    """The text of one of ``ITEM_ERRORS`` (a render error keeps it in ``message``)."""
+    return str(getattr(exc, "message", None) or exc)
+
+
 @contextmanager
 def located(ac: AttemptContext, step: str, *path: str | int) -> Iterator[None]:
     """Name the file position of the field being rendered in any error it raises."""
     try:
         yield
-    except (RenderError, UserError, StaleOutput, TamperedArtifact) as exc:
-        message = getattr(exc, "message", None) or str(exc)
-        raise UserError(f"{ac.locate(step, path)}: {message}") from exc
+    except ITEM_ERRORS as exc:
+        raise UserError(f"{ac.locate(step, path)}: {error_message(exc)}") from exc
 
 
 def template_refs(value: Any) -> list[str]:
@@ -201,9 +210,9 @@ def run_attempt(
             )
             code, timed_out = run_jail(ac, backend, policy, step, index, adir, masker)
             outcome = finish_process(idir, adir, n, started, code, timed_out, step, ac)
-    except (RenderError, UserError, StaleOutput, TamperedArtifact) as exc:
-        msg = getattr(exc, "message", None) or str(exc)
-        outcome = AttemptOutcome("errored", n, message=masker.text(msg), started_at=started,
+    except ITEM_ERRORS as exc:
+        outcome = AttemptOutcome("errored", n, message=masker.text(error_message(exc)),
+                                 started_at=started,
                                  retryable=False)
     except InfraError as exc:
         outcome = AttemptOutcome("errored", n, message=str(exc), started_at=started)

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stockade.errors import InfraError, StaleOutput, TamperedArtifact, UserError
-from stockade.expr import RenderError, compile_template, render, render_value
+from stockade.errors import InfraError
+from stockade.expr import compile_template, render, render_value
 from stockade.publish import PublishRequest, publish
-from stockade.runner.item import AttemptOutcome, located
+from stockade.runner.item import ITEM_ERRORS, AttemptOutcome, error_message, located
 from stockade.spec.model import Step
 from stockade.workspace.artifacts import to_json_value
 from stockade.workspace.layout import ItemDir, write_json
@@ -41,8 +41,8 @@ def publish_item(
             key = str(render(compile_template(cfg.key), tctx, functions=fns))
         with located(ac, step.id, "publish", "payload"):
             payload = to_json_value(render_value(cfg.payload, tctx, functions=fns))
-    except (RenderError, UserError, StaleOutput, TamperedArtifact) as exc:
-        return AttemptOutcome("errored", n, message=getattr(exc, "message", None) or str(exc),
+    except ITEM_ERRORS as exc:
+        return AttemptOutcome("errored", n, message=error_message(exc),
                               started_at=started, ended_at=ac.clock(), retryable=False)
     finally:
         idir.end_attempt()
