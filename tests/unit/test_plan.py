@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from stockade.errors import UserError
 from stockade.plan import Flow, build_plan, expand, format_plan, plan_json
 from stockade.spec import Spec, load_workflow
 from stockade.spec.model import Workflow
@@ -227,7 +228,7 @@ def test_expand_lists(value: Any, expected: list[Any]) -> None:
     ],
 )
 def test_expand_refuses_everything_else(value: Any, message: str) -> None:
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(UserError) as info:
         expand(value)
     assert message in str(info.value)
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stockade.errors import UserError
 from stockade.expr import Readable
 from stockade.spec import Spec
 from stockade.spec.checks import templated_strings
@@ -109,28 +110,28 @@ def _flows(spec: Spec) -> list[Flow]:
 
 
 def expand(value: Any) -> list[Any]:
-    """A rendered ``for_each`` value -> its items; anything but a list is refused."""
+    """A rendered ``for_each`` value -> its items; anything but a list is a ``UserError``."""
     if isinstance(value, list):
         return value
     if isinstance(value, tuple):
         return list(value)
     if isinstance(value, str):
         hint = "; to make one item per line use `| lines`, for a JSON array use `| from_json`"
-        raise ValueError(f"for_each must give a list, got a string{hint}")
+        raise UserError(f"for_each must give a list, got a string{hint}")
     if isinstance(value, Mapping):
-        raise ValueError(
+        raise UserError(
             f"for_each must give a list, got a mapping with {len(value)} keys; "
             "use `| items`, `| keys` or `| values` to choose what to fan out over"
         )
     if isinstance(value, Readable):
-        raise ValueError(
+        raise UserError(
             f"for_each must give a list, got a file ({type(value).__name__}); "
             "read it with `| from_json` or `| lines`"
         )
     if value is None:
-        raise ValueError("for_each must give a list, got null")
+        raise UserError("for_each must give a list, got null")
     if isinstance(value, bool):
-        raise ValueError(f"for_each must give a list, got a boolean ({str(value).lower()})")
+        raise UserError(f"for_each must give a list, got a boolean ({str(value).lower()})")
     if isinstance(value, (int, float)):
-        raise ValueError(f"for_each must give a list, got a number ({value!r})")
-    raise ValueError(f"for_each must give a list, got {type(value).__name__}")
+        raise UserError(f"for_each must give a list, got a number ({value!r})")
+    raise UserError(f"for_each must give a list, got {type(value).__name__}")

@@ -262,10 +262,7 @@ class Engine:
             value = render(compile_template(step.for_each), self.context(step), functions=self.ac.functions)
         else:
             value = step.for_each
-        try:
-            return expand(value)
-        except ValueError as exc:  # plan.expand's way of saying "not a list"
-            raise UserError(str(exc)) from None
+        return expand(value)
 
     def _skip(self, st: StepState, message: str) -> None:
         st.status, st.message = "skipped", message
