@@ -23,6 +23,7 @@ from pathlib import Path
 import click
 
 from stockade.agent import guard
+from stockade.workspace.layout import ItemDir, RunDir
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -128,15 +129,11 @@ def changed_names(dest: Path) -> set[str]:
     return {n for n in names if n}
 
 
-def _attempt_dir(meta: Path) -> Path | None:
-    attempts = meta / "attempts"
-    try:
-        numbers = sorted((int(n) for n in os.listdir(attempts) if n.isdigit()), reverse=True)
-    except FileNotFoundError:
-        return None
-    for n in numbers:
-        if (attempts / str(n) / "changes.diff").is_file():
-            return attempts / str(n)
+def _attempt_dir(idir: ItemDir) -> Path | None:
+    """The newest attempt that handed out a diff."""
+    for n in range(idir.last_attempt(), 0, -1):
+        if (idir.attempt_dir(n) / "changes.diff").is_file():
+            return idir.attempt_dir(n)
     return None
 
 
@@ -160,10 +157,10 @@ def apply(run_id: str, step_item: str, dest: Path, yes: bool, root: Path | None)
     item = item or "0"
     if not step or not item.isdigit():
         _fail(EXIT_BAD_INPUT, f"expected STEP/ITEM such as 'fix/0', got {step_item!r}")
-    meta = root / "runs" / run_id / step / item / "meta"
-    adir = _attempt_dir(meta)
+    idir = RunDir(root, run_id).item(step, int(item))
+    adir = _attempt_dir(idir)
     if adir is None:
-        _fail(EXIT_BAD_INPUT, f"no agent diff under {meta} (is {step_item} an agent step of run {run_id}?)")
+        _fail(EXIT_BAD_INPUT, f"no agent diff under {idir.meta} (is {step_item} an agent step of run {run_id}?)")
     assert adir is not None
     outcome_file = adir / "outcome.json"
     if outcome_file.is_file():

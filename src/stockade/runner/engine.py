@@ -329,8 +329,7 @@ class Engine:
                 break
         # The completion file first, then the store (on the main thread):
         # resume trusts only items on which both agree, so a crash between
-        # the two reruns the item.
-        idir.meta.mkdir(parents=True, exist_ok=True)
+        # the two reruns the item. (meta/ exists: every attempt began there.)
         write_record(idir.completion, {
             "run_id": self.run.run_id, "step": step.id, "item": index, "status": outcome.status,
             "attempt": outcome.attempt,

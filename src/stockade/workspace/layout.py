@@ -110,19 +110,16 @@ class ItemDir:
         return self.meta / "completion.json"
 
     @cached_property
-    def _attempts(self) -> dict[int, Path]:
-        return {}
+    def attempts(self) -> Path:
+        return self.meta / "attempts"
 
     def attempt_dir(self, n: int) -> Path:
-        known = self._attempts.get(n)
-        if known is None:
-            known = self._attempts[n] = Path(f"{self.path}/meta/attempts/{n}")
-        return known
+        return self.attempts / str(n)
 
     def last_attempt(self) -> int:
         """The highest attempt number recorded on disk (0 if none)."""
         try:
-            names = os.listdir(f"{self.path}/meta/attempts")
+            names = os.listdir(self.attempts)
         except FileNotFoundError:
             return 0
         return max((int(n) for n in names if n.isdigit()), default=0)
@@ -151,16 +148,19 @@ class ItemDir:
             # Top-down, so no mkdir fails on a missing parent first (the
             # step's folder exists after its first item).
             os.makedirs(self.path, exist_ok=True)
-            for d in (self.meta, self.meta / "attempts"):
+            for d in (self.meta, self.attempts):
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(d)
         os.mkdir(self.attempt_dir(n))
         os.mkdir(work)
         os.mkdir(os.path.join(work, "out"))
-        self.end_attempt()
+        self._clear_scratch()
         return n
 
     def end_attempt(self) -> None:
+        self._clear_scratch()
+
+    def _clear_scratch(self) -> None:
         scratch = str(self.scratch)
         try:
             os.rmdir(scratch)
