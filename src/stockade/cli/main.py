@@ -248,8 +248,6 @@ def schema() -> None:
     click.echo(json.dumps(json_schema(), indent=2))
 
 
-
-
 def main() -> None:
     cli(prog_name="stockade")
 

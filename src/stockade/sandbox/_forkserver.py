@@ -301,7 +301,7 @@ class Server:
         """Confine and exec in C (``_jail``): no Python fork, no second exec."""
         from stockade.sandbox import _jail
 
-        env = [f"{k}={v}".encode() for k, v in req["env"].items()]
+        env = [os.fsencode(f"{k}={v}") for k, v in req["env"].items()]
         try:
             pid = _jail.spawn(
                 os.fsencode(_resolve(req["argv"][0], req["env"])),

@@ -244,11 +244,6 @@ class HelperPool:
         self._clients = [ForkServerClient(user) for _ in range(n)]
         self._next = itertools.count()
 
-    @staticmethod
-    def _reap_later(proc: subprocess.Popen[bytes] | None) -> None:
-        if proc is not None:
-            threading.Thread(target=proc.wait, daemon=True).start()
-
     def spawn(self, request: Mapping[str, Any], fds: Sequence[int]) -> _Job:
         client = self._clients[next(self._next) % len(self._clients)]
         return client.spawn(request, fds)

@@ -44,7 +44,6 @@ _SCHEMA_LOCK = 0x5707CADE
 NOW_SQL = "extract(epoch from clock_timestamp())::float8"
 
 
-
 def connect(conninfo: str) -> psycopg.Connection[tuple[Any, ...]]:
     """An autocommit connection, or an ``InfraError`` that says what to fix."""
     try:
@@ -132,7 +131,6 @@ class PostgresStore(Store):
                 "UPDATE stockade_runs SET status=%s, ended_at=%s WHERE run_id=%s",
                 (status, ended_at, run_id),
             )
-
 
     def get_run(self, run_id: str) -> RunRecord | None:
         rows = self._rows("SELECT * FROM stockade_runs WHERE run_id=%s", (run_id,))
@@ -334,7 +332,6 @@ class PostgresStore(Store):
         return FenceCheck(accepted=True, high_water=int(rows[0][0]), holder=str(rows[0][1]))
 
     # -- effects -----------------------------------------------------------
-
 
     def claim_effect(self, effect: Effect) -> Effect:
         e = effect

@@ -136,7 +136,6 @@ CREATE TABLE IF NOT EXISTS last_publish (
 NOW_SQL = "(julianday('now') - 2440587.5) * 86400.0"
 
 
-
 class SQLiteStore(Store):
     """A run store in one SQLite file. One connection, serialised by a lock."""
 
@@ -227,7 +226,6 @@ class SQLiteStore(Store):
 
     def update_run(self, run_id: str, *, status: str, ended_at: float | None) -> None:
         self._tx([("UPDATE runs SET status=?, ended_at=? WHERE run_id=?", (status, ended_at, run_id))])
-
 
     def get_run(self, run_id: str) -> RunRecord | None:
         rows = self._rows("SELECT * FROM runs WHERE run_id=?", (run_id,))
@@ -412,7 +410,6 @@ class SQLiteStore(Store):
         return FenceCheck(accepted=True, high_water=int(rows[0][0]), holder=str(rows[0][1]))
 
     # -- effects -----------------------------------------------------------
-
 
     def claim_effect(self, effect: Effect) -> Effect:
         e = effect
