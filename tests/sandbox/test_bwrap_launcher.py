@@ -16,6 +16,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ import pytest
 from stockade.errors import InfraError
 from stockade.sandbox import _direct, get_backend
 from stockade.sandbox.bwrap import BwrapBackend, choose_launcher
-from tests.sandbox.conftest import World, available_backend
+from tests.sandbox.conftest import World, available_backend, needs_c_launcher
 
 pytestmark = pytest.mark.sandbox
 
@@ -56,9 +57,7 @@ def test_an_unknown_launcher_is_refused() -> None:
 
 
 def test_the_default_is_direct_where_the_c_launcher_is_built() -> None:
-    # setup.py builds it wherever a C compiler is present (CI installs gcc).
-    if not _direct.available():
-        pytest.skip("stockade.sandbox._jail is not built (no C compiler at install time)")
+    needs_c_launcher()
     b = get_backend("bwrap")
     assert isinstance(b, BwrapBackend)
     assert b.launcher == "direct"
@@ -198,33 +197,34 @@ def test_a_closed_backend_starts_jails_again(world: World) -> None:
         fresh.close()
 
 
-def test_direct_wait_times_out_and_takes_any_timeout(tmp_path: Path) -> None:
-    if not _direct.available():
-        pytest.skip("stockade.sandbox._jail is not built (no C compiler at install time)")
+@pytest.fixture
+def launcher_thread() -> Iterator[_direct.LauncherThread]:
+    """The direct launcher on its own, without bwrap."""
+    needs_c_launcher()
     launcher = _direct.LauncherThread()
-    try:
-        with open(tmp_path / "out", "wb") as out:
-            running = launcher.spawn("/bin/sleep", ["sleep", "0.3"], {}, [out.fileno()] * 2)
-            assert running.wait(0.01) is None
-            # Far beyond what poll()'s int of milliseconds holds.
-            assert running.wait(1e9) == 0
-            assert running.wait(0) == 0  # reaped once, answered again
-    finally:
-        launcher.close()
+    yield launcher
+    launcher.close()
 
 
-def test_a_refused_start_is_an_error_and_the_launcher_goes_on(tmp_path: Path) -> None:
+def test_direct_wait_times_out_and_takes_any_timeout(
+    launcher_thread: _direct.LauncherThread, tmp_path: Path
+) -> None:
+    with open(tmp_path / "out", "wb") as out:
+        running = launcher_thread.spawn("/bin/sleep", ["sleep", "0.3"], {}, [out.fileno()] * 2)
+        assert running.wait(0.01) is None
+        # Far beyond what poll()'s int of milliseconds holds.
+        assert running.wait(1e9) == 0
+        assert running.wait(0) == 0  # reaped once, answered again
+
+
+def test_a_refused_start_is_an_error_and_the_launcher_goes_on(
+    launcher_thread: _direct.LauncherThread, tmp_path: Path
+) -> None:
     # A NUL byte would cut the C string short: refused, reported, and the
     # launcher thread keeps serving (a dead one would leave callers waiting).
-    if not _direct.available():
-        pytest.skip("stockade.sandbox._jail is not built (no C compiler at install time)")
-    launcher = _direct.LauncherThread()
-    try:
-        with open(tmp_path / "out", "wb") as out:
-            with pytest.raises(OSError, match="embedded null byte"):
-                launcher.spawn("/bin/echo", ["echo", "a\x00b"], {}, [out.fileno()] * 2)
-            running = launcher.spawn("/bin/echo", ["echo", "fine"], {}, [out.fileno()] * 2)
-            assert running.wait(10) == 0
-        assert (tmp_path / "out").read_text() == "fine\n"
-    finally:
-        launcher.close()
+    with open(tmp_path / "out", "wb") as out:
+        with pytest.raises(OSError, match="embedded null byte"):
+            launcher_thread.spawn("/bin/echo", ["echo", "a\x00b"], {}, [out.fileno()] * 2)
+        running = launcher_thread.spawn("/bin/echo", ["echo", "fine"], {}, [out.fileno()] * 2)
+        assert running.wait(10) == 0
+    assert (tmp_path / "out").read_text() == "fine\n"

@@ -19,7 +19,7 @@ import pytest
 from stockade.errors import InfraError
 from stockade.sandbox import get_backend
 from stockade.sandbox.landlock import LandlockBackend, choose_launcher, native_launcher
-from tests.sandbox.conftest import World, available_backend
+from tests.sandbox.conftest import World, available_backend, needs_c_launcher
 
 pytestmark = pytest.mark.sandbox
 
@@ -32,15 +32,9 @@ def backend(request: pytest.FixtureRequest) -> LandlockBackend:
     return b
 
 
-def _needs_c_launcher() -> None:
-    # setup.py builds it wherever a C compiler is present (CI installs gcc).
-    if not native_launcher():
-        pytest.skip("stockade.sandbox._jail is not built (no C compiler at install time)")
-
-
 def test_the_c_launcher_is_built() -> None:
     # Without it every landlock item pays a Python fork.
-    _needs_c_launcher()
+    needs_c_launcher()
     assert get_backend("landlock").launcher == "native"  # type: ignore[attr-defined]
 
 
@@ -157,7 +151,7 @@ def _state(pid: int) -> str:
 
 def test_c_launcher_refuses_embedded_nul() -> None:
     # C strings would end at the NUL: the jail would run a shorter argument.
-    _needs_c_launcher()
+    needs_c_launcher()
     from stockade.sandbox import _jail
 
     for argv, env in (([b"/bin/true", b"a\x00b"], []), ([b"/bin/true"], [b"A=1\x00B=2"])):
