@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -140,6 +141,17 @@ def make_world(backend: Backend, base: Path) -> World:
     return World(
         backend, canary, base, runs, item, work, meta, neighbour, workflow, host_tmp, home_file
     )
+
+
+def host_daemon_socket(path: Path) -> socket.socket:
+    """A listening pathname socket like a container daemon's: world-writable,
+    outside every item; ``accept`` gives up after half a second."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    path.chmod(0o777)
+    srv.listen(4)
+    srv.settimeout(0.5)
+    return srv
 
 
 def needs_c_launcher() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sandbox.conftest import World
+from tests.sandbox.conftest import World, host_daemon_socket
 
 pytestmark = pytest.mark.sandbox
 
@@ -531,11 +531,7 @@ def test_host_sysv_shared_memory_is_unreachable(world: World) -> None:
 def test_pathname_unix_socket_on_host_fails(world: World) -> None:
     # Like a container daemon's socket: world-writable, outside the item.
     path = world.base / "daemon.sock"
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(str(path))
-    path.chmod(0o777)
-    srv.listen(1)
-    srv.settimeout(0.5)
+    srv = host_daemon_socket(path)
     r = world.py(
         "import socket, sys\n"
         "try:\n"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from stockade.sandbox import EgressProxy, Resources
-from tests.sandbox.conftest import World
+from tests.sandbox.conftest import World, host_daemon_socket
 
 pytestmark = pytest.mark.sandbox
 
@@ -201,18 +201,13 @@ def test_swapping_the_proxy_socket_for_a_symlink_reaches_nothing_else(
     """The runner keeps the proxy socket in the item's scratch dir, which a
     landlock jail can write: a symlink planted there must not redirect the
     engine's relay to another host socket (say, a container daemon's)."""
-    import socket as socketlib
 
     scratch = world.base / "scratch"
     scratch.mkdir(exist_ok=True)
     proxy = EgressProxy([f"localhost:{servers[0]}"], world.meta / "egress.jsonl", scratch)
     proxy.start()
     daemon_path = world.base / "daemon.sock"
-    daemon = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
-    daemon.bind(str(daemon_path))
-    daemon_path.chmod(0o777)
-    daemon.listen(4)
-    daemon.settimeout(0.5)
+    daemon = host_daemon_socket(daemon_path)
     try:
         r = world.run(
             'sock="$1"; rm -f "$sock"; ln -s "$2" "$sock"; ls -l "$sock"; '
