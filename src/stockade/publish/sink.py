@@ -10,19 +10,19 @@ Must not import runner, workspace, sandbox or cli.
 from __future__ import annotations
 
 import abc
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from stockade.spec.sinkurl import (
+    TABLE_NAME,
+    SinkTarget,
+    SinkUrlError,
+    parse_sink_url,
+    redact,
+    split_table,
+)
 from stockade.store.base import Store
-
-TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-
-
-class SinkUrlError(ValueError):
-    """``publish.to`` does not name a sink this engine can write to."""
 
 
 @dataclass(frozen=True)
@@ -70,29 +70,6 @@ def fenced_message(token: int, winner: int, winner_run: str, where: str) -> str:
     return f"fenced out at {where}: token {token} < newer token {winner}{who}"
 
 
-def split_table(url: str) -> tuple[str, str]:
-    """``...?table=t&x=y`` -> (``...?x=y``, ``t``), the table name checked."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    tables = [v for k, v in query if k == "table"]
-    if len(tables) != 1:
-        raise SinkUrlError(f"sink URL {redact(url)!r} needs exactly one ?table=NAME")
-    table = tables[0]
-    if not TABLE_NAME.match(table):
-        raise SinkUrlError(f"table name {table!r} must match {TABLE_NAME.pattern}")
-    rest = urlencode([(k, v) for k, v in query if k != "table"], safe="/")
-    return urlunsplit(parts._replace(query=rest)), table
-
-
-def redact(url: str) -> str:
-    """The URL without a password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 def _local_path(rest: str, base_dir: Path) -> Path:
     # sqlite:///rel.db and file://rel/dir are relative to the workflow's folder;
     # one more slash (sqlite:////abs.db, file:///abs/dir) makes them absolute.
@@ -102,33 +79,25 @@ def _local_path(rest: str, base_dir: Path) -> Path:
 
 def open_sink(to: str, base_dir: Path, store: Store) -> Sink:
     """The sink named by a rendered ``publish.to``; ``SinkUrlError`` if it names none."""
-    if to.startswith("sqlite://"):
+    target = parse_sink_url(to)
+    if target.kind == "sqlite":
         from stockade.publish.sql import SQLiteSink
 
-        body, _, query = to[len("sqlite://"):].partition("?")
-        _, table = split_table("sqlite:?" + query)
-        # sqlite:///rel.db -> "/rel.db" -> "rel.db"; sqlite:////abs.db -> "/abs.db".
-        path = body[1:] if body.startswith("/") else ""
-        if not path:
-            raise SinkUrlError(f"sink URL {to!r} names no database file")
-        return SQLiteSink(_local_path(path, base_dir), table)
-    if to.startswith(("postgresql://", "postgres://")):
+        return SQLiteSink(_local_path(target.location, base_dir), target.table)
+    if target.kind == "postgresql":
         from stockade.publish.sql import PostgresSink
 
-        conninfo, table = split_table(to)
-        return PostgresSink(conninfo, table)
-    if to.startswith("file://"):
+        return PostgresSink(target.location, target.table)
+    if target.kind == "file":
         from stockade.publish.directory import DirectorySink
 
-        rest = to[len("file://"):]
-        if not rest or "?" in rest or "#" in rest:
-            raise SinkUrlError(f"sink URL {to!r}: use file:///abs/dir or file://rel/dir")
-        return DirectorySink(_local_path(rest, base_dir).resolve(), store)
-    if to.startswith(("http://", "https://")):
-        from stockade.publish.http import HttpSink
+        return DirectorySink(_local_path(target.location, base_dir).resolve(), store)
+    from stockade.publish.http import HttpSink
 
-        return HttpSink(to)
-    raise SinkUrlError(
-        f"unknown sink {redact(to)!r}: use sqlite:///file.db?table=t, postgresql://...?table=t,"
-        " file:///dir or http(s)://..."
-    )
+    return HttpSink(to)
+
+
+__all__ = [
+    "TABLE_NAME", "Sink", "SinkTarget", "SinkUrlError", "Write", "WriteResult", "fenced_message",
+    "open_sink", "parse_sink_url", "redact", "split_table",
+]

@@ -2,6 +2,8 @@
 
 Works on the plain data from ``yamlload`` (not the pydantic model) so every
 problem is found even when some step failed type validation. Pure: no I/O.
+
+Must not import workspace, sandbox, runner, agent, publish, store, web or cli.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from typing import Any
 from stockade.errors import Problem
 from stockade.expr import ExprError, Template, compile_template
 from stockade.spec.messages import DataPath, step_label
+from stockade.spec.sinkurl import SinkUrlError, parse_sink_url
 
 Pos = tuple[int, int]
 
 #: Fields whose strings are templates, per step (inputs/payload recursively).
-TEMPLATED = ("for_each", "inputs", "env", "run", ("agent", "prompt"), "keep",
-             ("publish", "to"), ("publish", "key"), ("publish", "payload"))
+TEMPLATED = ("for_each", "key", "inputs", "env", "run", ("agent", "prompt"), "keep",
+             ("publish", "to"), ("publish", "key"), ("publish", "payload"), ("publish", "lease"))
 RESERVED_ENV_PREFIX = "STOCKADE_"
 #: What ``steps.X`` offers a template (DESIGN.md, "What a step exposes downstream").
 STEP_VIEW = ("result", "outputs", "items")
@@ -100,12 +103,25 @@ class Checker:
         self.problems.append(Problem(self.filename, at[0], at[1], message))
 
     def run(self) -> list[Problem]:
+        self._notify()
         self._ids()
         self._needs()
         self._cycles()
         for i, step in self.steps:
             self._step(i, step)
         return self.problems
+
+    def _notify(self) -> None:
+        hooks = self.data.get("notify")
+        if not isinstance(hooks, list):
+            return
+        for j, hook in enumerate(hooks):
+            name = hook.get("secret") if isinstance(hook, dict) else None
+            if isinstance(name, str) and name not in self.secrets:
+                declared = ", ".join(sorted(self.secrets)) or "none"
+                self.add(self.position(("notify", j, "secret")),
+                         f"notify[{j}] sends secret {name!r}, which is not in the workflow's "
+                         f"secrets: (declared: {declared})")
 
     def _ids(self) -> None:
         for i, step in self.steps:
@@ -222,10 +238,12 @@ class Checker:
                     self.add(self.position(path),
                              f"{_slot(path[len(base):])} of {label} holds a NUL character (\\0): "
                              f"no command line or environment variable can carry one")
+        self._sink(base, step, label)
         self._inputs(base, step, label)
         self._env(base, step, label)
         self._secrets(base, step, label)
         self._writes(base, step, label)
+        self._outputs(base, step, label)
 
     def _template(self, path: DataPath, t: Template, slot: str, label: str,
                   step: dict[str, Any], needs: set[str], has_for_each: bool) -> None:
@@ -269,6 +287,12 @@ class Checker:
                                  f"paths are relative to the workflow file and stay below it")
         if slot == "keep" and t.is_template and not t.whole:
             self.add(at, f"keep of {label} must be a single {{{{ }}}} expression giving true or false")
+        if slot == "publish.lease" and (t.steps_used or t.uses_item or t.files or t.trees):
+            self.add(at, f"publish.lease of {label} may use only vars and run.id: a lease names "
+                         "a series of publishes (one per date, say), not an item")
+        if slot == "key" and t.is_template and not t.uses_item:
+            self.add(at, f"key of {label} does not use item, so every item would get the same "
+                         "key; write something like \"{{ item.sample }}\"")
 
     def _inputs(self, base: DataPath, step: dict[str, Any], label: str) -> None:
         inputs = step.get("inputs")
@@ -311,6 +335,32 @@ class Checker:
                 declared = ", ".join(sorted(self.secrets)) or "none"
                 self.add(self.position((*base, "secrets", j)),
                          f"{label} asks for secret {name!r}, which is not in the workflow's secrets: (declared: {declared})")
+
+    def _sink(self, base: DataPath, step: dict[str, Any], label: str) -> None:
+        publish = step.get("publish")
+        to = publish.get("to") if isinstance(publish, dict) else None
+        if isinstance(to, str) and "{{" not in to:
+            try:
+                parse_sink_url(to)
+            except SinkUrlError as exc:
+                self.add(self.position((*base, "publish", "to")), f"publish.to of {label}: {exc}")
+
+    def _outputs(self, base: DataPath, step: dict[str, Any], label: str) -> None:
+        outputs = step.get("outputs")
+        if not isinstance(outputs, list):
+            return
+        for j, pattern in enumerate(outputs):
+            if not isinstance(pattern, str):
+                continue
+            at = self.position((*base, "outputs", j))
+            why = bad_relative(pattern)
+            if why:
+                self.add(at, f"outputs pattern {pattern!r} of {label} {why}; "
+                             "outputs are named relative to out/")
+            elif pattern == "out" or pattern.startswith("out/"):
+                self.add(at, f"outputs pattern {pattern!r} of {label}: outputs are named "
+                             f"relative to out/ (write {pattern.removeprefix('out/')!r} for "
+                             f"{'out/' + pattern.removeprefix('out/')})")
 
     def _writes(self, base: DataPath, step: dict[str, Any], label: str) -> None:
         agent = step.get("agent")

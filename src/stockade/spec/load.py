@@ -1,6 +1,8 @@
 """``load_workflow``: bytes -> a validated ``Spec``, or a UserError with every problem.
 
 Pure: the caller reads the file; nothing here touches the disk or network.
+
+Must not import workspace, sandbox, runner, agent, publish, store, web or cli.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ class Spec:
         for el in path:
             cur = cur[el]
         return cur
+
+    def templates(self) -> Mapping[DataPath, Template]:
+        """Every template of the file by its path (compiled while checking)."""
+        return self._templates
 
     def template(self, *path: str | int) -> Template:
         """The compiled template at ``path`` (cached); KeyError/TypeError if there is none."""

@@ -3,6 +3,8 @@
 Pydantic's ``loc`` mixes data keys with union-branch tags; we align it with
 the data to find the node, and collapse the errors of a union's branches into
 one message. Pure: no I/O.
+
+Must not import workspace, sandbox, runner, agent, publish, store, web or cli.
 """
 
 from __future__ import annotations

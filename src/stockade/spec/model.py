@@ -2,20 +2,38 @@
 
 Template strings stay strings here; ``stockade.spec.validate`` compiles and
 checks them through ``stockade.expr``. Pure: no I/O.
+
+Must not import workspace, sandbox, runner, agent, publish, store, web or cli.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
+
+from stockade.spec.sizes import parse_size
 
 ID_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 Ident = Annotated[str, StringConstraints(pattern=ID_PATTERN, max_length=64)]
 SecretName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-#: A size such as 512, "512M", "2G" (bytes when bare).
-Size = Annotated[int | str, Field(union_mode="left_to_right")]
+
+
+def _size(value: int | str) -> int | str:
+    parse_size(value)  # raises ValueError with what to write instead
+    return value
+
+
+#: A size such as 512, "512M", "2G" (bytes when bare); kept as written, for messages.
+Size = Annotated[int | str, Field(union_mode="left_to_right"), AfterValidator(_size)]
 
 TOOL_NAMES = ("read_file", "list_dir", "create_file", "apply_patch")
 STEP_KINDS = ("run", "agent", "keep", "publish")
@@ -56,7 +74,8 @@ class Publish(_Strict):
     to: Annotated[str, StringConstraints(min_length=1)]
     key: Annotated[str, StringConstraints(min_length=1)]
     payload: Any
-    lease: Ident | None = None
+    #: A template over ``vars`` and ``run`` (default: ``<workflow>.<step>``).
+    lease: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
     lease_ttl: Annotated[float, Field(gt=0)] = 300
     max_age: Annotated[float, Field(gt=0)] = 86400
 
@@ -71,8 +90,15 @@ class Step(_Strict):
     inputs: dict[str, Any] = Field(default_factory=dict)
     env: dict[EnvName, Any] = Field(default_factory=dict)
     secrets: list[SecretName] = Field(default_factory=list)
+    #: A template over ``item`` naming each item (with ``for_each``).
+    key: Annotated[str, StringConstraints(min_length=1)] | None = None
+    #: Names or globs under ``out/`` an item must produce (``run:`` and ``agent:``).
+    outputs: list[Annotated[str, StringConstraints(min_length=1)]] = Field(default_factory=list)
     timeout: Annotated[float, Field(gt=0)] | None = None
     retries: Annotated[int, Field(ge=0, le=100)] = 0
+    #: Seconds before the first retry; doubled each time, +/-20% jitter, at most 60 s.
+    retry_delay: Annotated[float, Field(ge=0, le=3600)] = 1.0
+    on_item_failure: Literal["fail", "continue"] = "fail"
     network: Literal["none", "open"] | list[NetworkHost] = "none"
     resources: Resources = Field(default_factory=Resources)
     isolate: bool = True
@@ -91,11 +117,27 @@ class Step(_Strict):
             )
         if self.keep is not None and self.for_each is None:
             raise ValueError("keep: decides over items, so the step needs for_each:")
+        if self.key is not None and self.for_each is None:
+            raise ValueError("key: names the items of a for_each:, and the step has none")
+        if self.outputs and kinds[0] not in ("run", "agent"):
+            raise ValueError(f"outputs: applies to run: and agent: steps, not {kinds[0]}:")
         return self
 
     @property
     def kind(self) -> str:
         return next(k for k in STEP_KINDS if getattr(self, k) is not None)
+
+
+RunOutcome = Literal["succeeded", "failed", "fenced", "interrupted"]
+
+
+class Notify(_Strict):
+    """A webhook told about the run when it ends."""
+
+    url: Annotated[str, StringConstraints(pattern=r"^https?://.+")]
+    on: list[RunOutcome] = Field(default_factory=lambda: ["failed", "fenced", "interrupted"])  # type: ignore[arg-type]
+    #: A name from the workflow's ``secrets:``; its value is sent as a bearer token.
+    secret: SecretName | None = None
 
 
 class Workflow(_Strict):
@@ -105,6 +147,7 @@ class Workflow(_Strict):
     )
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     secrets: list[SecretName] = Field(default_factory=list)
+    notify: list[Notify] = Field(default_factory=list)
     steps: Annotated[list[Step], Field(min_length=1)]
 
     def step(self, step_id: str) -> Step:

@@ -1,6 +1,8 @@
 """The JSON Schema (2020-12) of the workflow format, generated from the models.
 
 Editors (the YAML language server) use it for completion and checks. Pure.
+
+Must not import workspace, sandbox, runner, agent, publish, store, web or cli.
 """
 
 from __future__ import annotations
@@ -25,6 +27,16 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "id": "Unique step id: lowercase letters, digits, '_' and '-'.",
         "needs": "Steps that must finish first; only their results are visible as steps.X.",
         "for_each": "Fan out: one item per element. " + _TEMPLATE + " Or a literal YAML list.",
+        "key": "Names each item (with for_each): a template over item, e.g. {{ item.sample }}. "
+               "Default: a string or number element is its own key when all are unique and "
+               "path-safe, else the index.",
+        "outputs": "Names or globs under out/ an item must produce; exiting 0 without them "
+                   "fails the item.",
+        "retry_delay": "Seconds before the first retry (default 1), doubled each attempt with "
+                       "+/-20% jitter, at most 60.",
+        "on_item_failure": "fail (default: the step fails, its dependents are skipped) or "
+                           "continue (dependents run on the items that succeeded; the run "
+                           "still exits 1).",
         "inputs": "Files placed in the step's work/ folder: name -> template or value. "
                   "The only way anything enters a step's world.",
         "env": "Extra environment variables by value (templates allowed).",
@@ -44,7 +56,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "to": "Sink URL: sqlite:///file.db?table=t, postgresql://...?table=t, file:///dir, http(s)://...",
         "key": "The row/file key. " + _TEMPLATE,
         "payload": "The value to publish. " + _TEMPLATE,
-        "lease": "Lease name (default: workflow name + step id).",
+        "lease": "Lease name, a template over vars and run (default: workflow name + step "
+                 "id); backfills of different dates use different leases.",
         "lease_ttl": "Lease time to live, seconds.",
     },
     "Agent": {
@@ -73,7 +86,7 @@ def json_schema() -> dict[str, Any]:
         props["for_each"].update({"anyOf": [{"type": "string", "pattern": "\\{\\{"}, {"type": "array"}]})
         props["keep"].update({"type": "string", "pattern": "^\\s*\\{\\{[\\s\\S]*\\}\\}\\s*$"})
         step["oneOf"] = [{"required": [kind]} for kind in STEP_KINDS]
-        step["dependentRequired"] = {"keep": ["for_each"]}
+        step["dependentRequired"] = {"keep": ["for_each"], "key": ["for_each"]}
     return {
         "$schema": SCHEMA_ID,
         "$id": "https://stockade.dev/schema/workflow.json",

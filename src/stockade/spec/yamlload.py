@@ -4,6 +4,8 @@ Uses ruamel.yaml's composer (node graph with marks) and builds the values
 itself, so duplicate keys, aliases, merge keys, tags, tabs, bad UTF-8 and
 binary junk all become Problems at the right line and column instead of
 exceptions. Pure: no file I/O (the caller passes bytes).
+
+Must not import workspace, sandbox, runner, agent, publish, store, web or cli.
 """
 
 from __future__ import annotations
