@@ -7,6 +7,8 @@ operator asked.
 
 The public surface is small: the ``stockade`` command line (``stockade.cli``),
 and the error types below. Everything else is a private core.
+
+Must not import the runner or the CLI.
 """
 
 from stockade.errors import InfraError, StaleOutput, StockadeError, TamperedArtifact, UserError

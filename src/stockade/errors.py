@@ -2,7 +2,7 @@
 
 Exceptions are for misuse and broken infrastructure; ordinary outcomes
 (succeeded, failed, fenced, skipped) are values. The CLI translates these into
-one actionable line and an exit code: ``UserError`` -> 2, ``InfraError`` -> 2.
+one actionable line and the exception's ``exit_code`` (2 for all of these).
 
 This module imports nothing from the rest of the package.
 """
@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 
 class StockadeError(Exception):
-    """Base of every error the engine raises on purpose."""
+    """Base of every error the engine raises on purpose.
+
+    Carries the exit code the command line ends with (as click's exceptions
+    carry theirs): 2 for bad input and broken infrastructure alike.
+    """
+
+    exit_code: int = 2
 
 
 @dataclass(frozen=True)

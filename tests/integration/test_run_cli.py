@@ -379,7 +379,8 @@ def test_sigkill_then_resume_keeps_verified_items(project: Project) -> None:
     time.sleep(0.5)
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
-    r = project.run("resume", "k1", "--json", timeout=180)
+    # Declared secrets must be set (preflight); set but empty, SLOW makes no item slow.
+    r = project.run("resume", "k1", "--json", env={"SLOW": ""}, timeout=180)
     assert r.code == 0, r.err
     attempts = {}
     for i in range(6):

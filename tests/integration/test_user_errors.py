@@ -69,10 +69,10 @@ def test_validate_reports_all_problems_at_once(project: Project) -> None:
         (("run", "."), "directory"),
         (("run", "wf.yaml", "--var", "undeclared=1"), "not declared"),
         (("run", "wf.yaml", "--var", "novalue"), "KEY=VALUE"),
-        (("run", "wf.yaml", "--var", "count=ten"), "expected a int"),
+        (("run", "wf.yaml", "--var", "count=ten"), "expected a number"),
         (("resume", "no-such-run"), "no run"),
         (("show", "no-such-run"), "no run"),
-        (("logs", "no-such-run", "a/0"), "no stdout"),
+        (("logs", "no-such-run", "a/0"), "no run"),
     ],
 )
 def test_bad_arguments_exit_2(project: Project, args: tuple[str, ...], needle: str) -> None:
@@ -144,7 +144,8 @@ def test_agent_step_without_credentials_says_what_to_set(project: Project) -> No
               prompt: Say hello.
     """)
     r = project.run("run", str(wf), "--json")
-    assert r.code == 1
-    problems = "\n".join(r.json()["problems"])
-    assert "needs OPENAI_API_KEY in the engine's environment" in problems
-    assert f"{wf}:" in problems
+    # A preflight error: exit 2 before any run folder exists, with FILE:LINE:COL.
+    assert r.code == 2, r.err
+    assert f"{wf}:6:14: openai/gpt-4.1-mini needs OPENAI_API_KEY in the engine's environment" \
+        in r.err
+    assert not (project.root / "runs").exists() or not any((project.root / "runs").iterdir())

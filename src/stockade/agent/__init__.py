@@ -9,6 +9,8 @@ This module stays light: the jail imports ``stockade.agent.jail`` (and so this
 package) at every agent start, so nothing here may import httpx, pydantic or
 the rest of the engine at import time. ``start_agent`` and ``AgentSession``
 are loaded on first use.
+
+Must not import httpx or pydantic.
 """
 
 from __future__ import annotations

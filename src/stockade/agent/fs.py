@@ -6,7 +6,8 @@ host for permission through ``WriteGate.intent`` (which echoes ``WRITE TARGET``
 and records it), writes, and reports the sha256 through ``WriteGate.done``.
 Any rejection returns an error result and leaves the file system untouched.
 
-Imports only the standard library and sibling pure modules; never httpx.
+Standard library only (and the standard-library-only modules beside it): it runs
+in the jail. Must not import httpx or pydantic.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Translates the loop's internal messages (see ``stockade.agent.loop``) into a
 provider request body, and a provider response body back into a reply plus
 token usage. Pure: the broker does the HTTP.
 
-Imports only the standard library and ``stockade.agent.tools``.
+Standard library only, and ``stockade.agent.tools``.
 """
 
 from __future__ import annotations

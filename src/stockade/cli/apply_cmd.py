@@ -8,6 +8,8 @@ files) against the targets and fails on any extra.
 
 Exit status: 0 applied, 1 refused/failed/extra paths, 2 bad input.
 Imports the agent's pure guard only; never the runner.
+
+Must not import the runner.
 """
 
 from __future__ import annotations

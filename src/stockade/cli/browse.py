@@ -1,12 +1,13 @@
 """Browse runs: ``runs``, ``show``, ``logs``, ``why``.
 
-Read-only views over the store and the run folders. Must not import the runner's
-engine or any sandbox backend.
+Parses arguments, asks ``runner.runs`` and ``runner.history`` for the
+answer, prints it. Must not import the runner's engine or any sandbox backend.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -16,94 +17,190 @@ import click
 
 from stockade.cli.main import _root, friendly, json_option, root_option
 from stockade.errors import UserError
-from stockade.store.base import ItemRecord, Store
-from stockade.workspace.layout import RunDir, read_json
+from stockade.runner import history
+from stockade.runner.runs import resolve_item, resolve_run, state
+from stockade.runner.status import RunStatus
+from stockade.store.base import Store
 
 
-def _store(root: Path) -> Store:
-    import os
-
+def _store(root: Path, url: str | None = None) -> Store:
     from stockade.runner.session import open_run_store
 
-    if not (root / "stockade.db").exists() and not os.environ.get("STOCKADE_STORE"):
+    url = url or os.environ.get("STOCKADE_STORE")
+    if not url and not (root / "stockade.db").exists():
         raise UserError(f"no runs under {root} (set --root or $STOCKADE_HOME)")
-    return open_run_store(root, None, os.environ)
+    return open_run_store(root, url, os.environ)
 
 
 def _when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
-def _target(spec: str) -> tuple[str, int | None]:
-    step, _, item = spec.partition("/")
-    if item and not item.isdigit():
-        raise UserError(f"{spec!r}: expected STEP or STEP/ITEM with a numeric item")
-    return step, int(item) if item else None
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    m, s = divmod(int(seconds), 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m"
 
 
 @click.command()
 @root_option
 @click.option("--limit", default=50, show_default=True)
+@click.option("--status", "status_filter", default=None,
+              help="only runs with this status (running, crashed, failed, ...)")
+@click.option("--workflow", default=None, help="only runs of this workflow")
 @json_option
 @friendly
-def runs(root: str | None, limit: int, as_json: bool) -> None:
+def runs(root: str | None, limit: int, status_filter: str | None, workflow: str | None,
+         as_json: bool) -> None:
     """List runs, newest first."""
-    store = _store(_root(root))
-    records = store.list_runs(limit)
+    store = _store(_root(root).resolve())
+    now = time.time()
+    rows = []
+    for r in store.list_runs(max(limit * 4, limit) if (status_filter or workflow) else limit):
+        st = state(r)
+        if status_filter and str(st) != status_filter:
+            continue
+        if workflow and r.workflow != workflow:
+            continue
+        end = r.ended_at if r.ended_at else (now if st is RunStatus.RUNNING else None)
+        rows.append((r, st, None if end is None else end - r.started_at))
+        if len(rows) >= limit:
+            break
     if as_json:
-        click.echo(json.dumps([r.__dict__ for r in records], indent=2, sort_keys=True))
+        click.echo(json.dumps([{**r.__dict__, "status": str(st), "stored_status": r.status,
+                                "duration": d} for r, st, d in rows], indent=2, sort_keys=True))
         return
-    for r in records:
+    if not rows:
+        click.echo("no runs" + (" match" if status_filter or workflow else " yet"))
+        return
+    for r, st, d in rows:
         sandbox = r.sandbox + ("" if r.enforced else " (not enforced)")
-        click.echo(f"{r.run_id}  {r.status:<11} {_when(r.started_at)}  {r.workflow}  sandbox: {sandbox}")
-
-
-def _item_json(rec: ItemRecord) -> dict[str, Any]:
-    d = dict(rec.__dict__)
-    d["outputs"] = [o.__dict__ for o in rec.outputs]
-    return d
+        line = (f"{r.run_id}  {st:<11} {_when(r.started_at)}  {_duration(d):>8}  "
+                f"{r.workflow}  sandbox: {sandbox}")
+        if st is RunStatus.CRASHED:
+            line += f"  (resume: stockade resume {r.run_id})"
+        click.echo(line)
 
 
 @click.command()
 @click.argument("run_id")
 @click.argument("target", required=False)
 @root_option
+@click.option("--all", "show_all", is_flag=True, help="list every item and output")
 @json_option
 @friendly
-def show(run_id: str, target: str | None, root: str | None, as_json: bool) -> None:
-    """Show a run, a step, or one item with its attempts and outputs."""
-    r = _root(root)
-    store = _store(r)
-    run = store.get_run(run_id)
-    if run is None:
-        raise UserError(f"no run {run_id!r} in {r} (see `stockade runs`)")
-    step, item = _target(target) if target else (None, None)
-    items = store.items(run_id, step)
-    if item is not None:
-        items = [i for i in items if i.item == item]
-    if target and not items:
-        raise UserError(f"run {run_id} has no item {target!r}")
-    if as_json:
-        out: dict[str, Any] = {"run": run.__dict__, "items": [_item_json(i) for i in items]}
-        if item is not None and step is not None:
-            out["attempts"] = [a.__dict__ for a in store.attempts(run_id, step, item)]
-        click.echo(json.dumps(out, indent=2, sort_keys=True, default=str))
+def show(run_id: str, target: str | None, root: str | None, show_all: bool, as_json: bool) -> None:
+    """Show a run (RUN_ID, a prefix, or 'last'), a step, or one item (STEP/KEY, STEP/#N)."""
+    store = _store(_root(root).resolve())
+    record = resolve_run(store, run_id)
+    view = history.run_view(store, record)
+    if target is None:
+        if as_json:
+            click.echo(json.dumps(view.to_json(), indent=2, sort_keys=True, default=str))
+        else:
+            _print_run(view, show_all)
         return
-    sandbox = run.sandbox + (" (enforced)" if run.enforced else " (NOT enforced)")
-    click.echo(f"run {run.run_id}  {run.status}  workflow {run.workflow}  sandbox {sandbox}")
-    click.echo(f"started {_when(run.started_at)}  ended {_when(run.ended_at)}")
-    for rec in items:
-        line = f"  {rec.step}/{rec.item}  {rec.status:<9} attempt {rec.attempt}"
-        if rec.message:
+    if "/" not in target and target in view.step_ids and len(view.items(target)) != 1:
+        if as_json:
+            click.echo(json.dumps(view.step_json(target), indent=2, sort_keys=True, default=str))
+        else:
+            _print_header(view)
+            _print_step(view, target, show_all=True)
+        return
+    item = resolve_item(store, record.run_id, target, steps=view.step_ids)
+    detail = history.item_view(store, record, item)
+    if as_json:
+        out = {"run": {**record.__dict__, "status": str(view.status)}, **detail.to_json()}
+        click.echo(json.dumps(out, indent=2, sort_keys=True, default=str))
+    else:
+        _print_item(view, detail)
+
+
+def _print_header(view: history.RunView) -> None:
+    r = view.record
+    sandbox = r.sandbox + (" (enforced)" if r.enforced else " (NOT enforced)")
+    click.echo(f"run {r.run_id}  {view.status}  workflow {r.workflow}  sandbox {sandbox}")
+    click.echo(f"started {_when(r.started_at)}  ended {_when(r.ended_at)}  "
+               f"duration {_duration(view.duration)}")
+    if view.status is RunStatus.CRASHED:
+        click.echo(f"the engine of this run died; resume it with: stockade resume {r.run_id}")
+    elif view.status is RunStatus.INTERRUPTED:
+        click.echo(f"interrupted; resume it with: stockade resume {r.run_id}")
+    if view.vars:
+        click.echo("vars: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in view.vars.items()))
+    if view.usage:
+        click.echo("tokens: " + ", ".join(f"{k} {v}" for k, v in sorted(view.usage.items())))
+
+
+def _print_run(view: history.RunView, show_all: bool) -> None:
+    _print_header(view)
+    for sid in view.step_ids:
+        _print_step(view, sid, show_all=show_all)
+
+
+LIST_LIMIT = 20
+
+
+def _print_step(view: history.RunView, sid: str, *, show_all: bool) -> None:
+    items = view.items(sid)
+    counts = view.counts(sid)
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "not started"
+    kind = view.kinds.get(sid, "")
+    retried = view.retries.get(sid, 0)
+    extra = f", {retried} {'retry' if retried == 1 else 'retries'}" if retried else ""
+    click.echo(f"{sid} ({kind}): {summary}{extra}")
+    shown = items if show_all else items[:LIST_LIMIT]
+    for rec in shown:
+        line = f"  {sid}/{rec.label}  {rec.status:<9}"
+        if rec.attempt and kind != "keep":
+            line += f" attempt {rec.attempt}"
+        if kind == "keep" and rec.status == "succeeded":
+            line += "  kept" if rec.result is True else "  dropped"
+        elif rec.message:
             line += f"  {rec.message}"
         click.echo(line)
-        if item is not None or len(items) <= 20:
-            for o in rec.outputs:
+        outs = rec.outputs
+        if len(items) == 1 or show_all:
+            for o in outs:
                 click.echo(f"      out/{o.name}  {o.size} bytes  sha256 {o.sha256[:16]}")
-    if item is not None and step is not None:
-        for a in store.attempts(run_id, step, item):
-            click.echo(f"  attempt {a.attempt}: {a.outcome} exit={a.exit_code} "
-                       f"{a.ended_at - a.started_at:.2f}s {a.message}".rstrip())
+        elif outs:
+            click.echo(f"      {len(outs)} output{'s' if len(outs) != 1 else ''} "
+                       f"(stockade show {view.record.run_id} {sid}/{rec.label})")
+    if len(items) > len(shown):
+        click.echo(f"  ... {len(items) - len(shown)} more items "
+                   f"(stockade show {view.record.run_id} {sid} --all)")
+
+
+def _print_item(view: history.RunView, d: history.ItemView) -> None:
+    rec = d.record
+    click.echo(f"{rec.step}/{rec.label}  (item #{rec.item} of run {view.record.run_id}, "
+               f"step kind {d.kind})")
+    click.echo(f"  status {rec.status}" + (f"  {rec.message}" if rec.message else ""))
+    if d.kind == "keep":
+        click.echo(f"  decision: {'kept' if rec.result is True else 'dropped'}")
+    for a in d.attempts:
+        click.echo(f"  attempt {a.attempt}: {a.outcome}  started {_when(a.started_at)}  "
+                   f"{a.ended_at - a.started_at:.2f}s  exit {a.exit_code}"
+                   + (f"  {a.message}" if a.message else ""))
+    for o in rec.outputs:
+        click.echo(f"  out/{o.name}  {o.size} bytes  sha256 {o.sha256}")
+    if d.publish:
+        p = d.publish
+        click.echo(f"  published key {p.get('key')!r} to {p.get('to')} under lease "
+                   f"{p.get('lease')!r} with token {p.get('token')}: {p.get('status')}")
+    if d.tail:
+        click.echo("  last lines of stderr:")
+        for line in d.tail.splitlines():
+            click.echo(f"    {line}")
+    if d.kind in ("run", "agent") and d.attempts:
+        click.echo(f"  logs: stockade logs {view.record.run_id} {rec.step}/{rec.label} "
+                   "[--stderr] [--attempt N]")
 
 
 @click.command()
@@ -116,13 +213,12 @@ def show(run_id: str, target: str | None, root: str | None, as_json: bool) -> No
 @friendly
 def logs(run_id: str, target: str, attempt: int | None, which: str, root: str | None) -> None:
     """Print an item's captured stdout (or stderr) for an attempt."""
-    step, item = _target(target)
-    idir = RunDir(_root(root).resolve(), run_id).item(step, item or 0)
-    n = attempt or idir.last_attempt()
-    path = idir.attempt_dir(n) / which
-    if not path.exists():
-        raise UserError(f"no {which} for {target} attempt {n} of run {run_id}")
-    sys.stdout.buffer.write(path.read_bytes())
+    store = _store(_root(root).resolve())
+    record = resolve_run(store, run_id)
+    view = history.run_view(store, record)
+    item = resolve_item(store, record.run_id, target, steps=view.step_ids)
+    data = history.log(store, record, item, which, attempt, kind=view.kinds.get(item.step, ""))
+    sys.stdout.buffer.write(data)
 
 
 @click.command()
@@ -134,54 +230,44 @@ def logs(run_id: str, target: str, attempt: int | None, which: str, root: str | 
 @friendly
 def why(run_id: str, target: str, output: str | None, root: str | None, as_json: bool) -> None:
     """The provenance chain of an item's output: inputs, producers, hashes."""
-    rundir = RunDir(_root(root).resolve(), run_id)
-    step, item = _target(target)
-    chain = _chain(rundir, step, item or 0, output, depth=0, seen=set())
+    store = _store(_root(root).resolve())
+    record = resolve_run(store, run_id)
+    view = history.run_view(store, record)
+    item = resolve_item(store, record.run_id, target, steps=view.step_ids)
+    chain = history.provenance_chain(store, record, item, output,
+                                     kind=view.kinds.get(item.step, ""))
     if as_json:
-        click.echo(json.dumps(chain, indent=2, sort_keys=True))
+        click.echo(json.dumps(chain, indent=2, sort_keys=True, default=str))
     else:
         _print_chain(chain, 0)
 
 
-def _chain(rundir: RunDir, step: str, item: int, output: str | None, depth: int,
-           seen: set[tuple[str, int]]) -> dict[str, Any]:
-    idir = rundir.item(step, item)
-    try:
-        done = read_json(idir.completion)
-        prov = read_json(idir.attempt_dir(done["attempt"]) / "provenance.json")
-    except (OSError, ValueError, KeyError):
-        raise UserError(f"no provenance for {step}/{item} in run {rundir.run_id}") from None
-    outputs = prov["outputs"]
-    if output is not None:
-        outputs = [o for o in outputs if o["name"] == output]
-        if not outputs:
-            raise UserError(f"{step}/{item} has no output {output!r}")
-    node: dict[str, Any] = {
-        "step": step, "item": item, "attempt": prov["attempt"], "run_id": prov["run_id"],
-        "sandbox": prov["sandbox"], "outputs": outputs, "inputs": [],
-    }
-    seen.add((step, item))
-    for inp in prov["inputs"]:
-        entry = dict(inp)
-        src = inp["source"]
-        if src.get("kind") == "artifact" and (src["step"], src["item"]) not in seen and depth < 50:
-            entry["from"] = _chain(rundir, src["step"], src["item"], src["name"], depth + 1, seen)
-        node["inputs"].append(entry)
-    return node
-
-
 def _print_chain(node: dict[str, Any], indent: int) -> None:
     pad = "  " * indent
+    if node.get("kind") == "publish":
+        p = node.get("publish") or {}
+        click.echo(f"{pad}{node['step']}/{node['key']} publish (run {node['run_id']}): "
+                   f"key {p.get('key')!r} -> {p.get('to')}, lease {p.get('lease')!r}, "
+                   f"token {p.get('token')}, {p.get('status')}")
+        for a in node.get("payload_artifacts", []):
+            click.echo(f"{pad}  <- payload artifact {a['step']}/{a.get('key', a['item'])}:"
+                       f"out/{a['name']}  sha256 {str(a['sha256'])[:16]}")
+            if "from" in a:
+                _print_chain(a["from"], indent + 2)
+        return
     sb = node["sandbox"]
-    click.echo(f"{pad}{node['step']}/{node['item']} attempt {node['attempt']} (run {node['run_id']}, "
-               f"sandbox {sb['backend']}{'' if sb['enforced'] else ' NOT enforced'})")
+    reused = node.get("reused_from")
+    via = f", reused from run {reused['run_id']}" if reused else ""
+    click.echo(f"{pad}{node['step']}/{node['key']} attempt {node['attempt']} (run {node['run_id']}"
+               f"{via}, sandbox {sb['backend']}{'' if sb['enforced'] else ' NOT enforced'})")
     for o in node["outputs"]:
         click.echo(f"{pad}  out/{o['name']}  sha256 {o['sha256']}  {o['size']} bytes")
     for inp in node["inputs"]:
         src = inp["source"]
         origin = src.get("kind")
         if origin == "artifact":
-            origin = f"{src['step']}/{src['item']}:out/{src['name']} attempt {src['attempt']}"
+            origin = (f"{src['step']}/{src.get('key', src['item'])}:out/{src['name']} "
+                      f"attempt {src['attempt']}")
         elif origin in ("file", "tree"):
             origin = f"{origin}({src['path']!r})"
         elif src.get("refs"):
@@ -189,3 +275,6 @@ def _print_chain(node: dict[str, Any], indent: int) -> None:
         click.echo(f"{pad}  <- {inp['name']}  sha256 {inp['sha256'][:16]}  from {origin}")
         if "from" in inp:
             _print_chain(inp["from"], indent + 2)
+
+
+__all__ = ["logs", "runs", "show", "why"]

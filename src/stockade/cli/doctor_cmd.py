@@ -1,7 +1,7 @@
 """``stockade doctor``: which sandbox backends exist here, which is active, and
 whether it is enforced, proved by running a probe jail on each.
 
-Imports only ``stockade.sandbox`` (and click/rich); the CLI group registers it.
+The CLI group registers it. Must not import the runner, workspace or store.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Every user mistake ends as one actionable message and exit 2, never a
 traceback; a failed step exits 1; an interrupt exits 130. Heavy modules are
 imported inside commands so that ``stockade run`` starts its first item fast.
+
+Must not import the engine or the sandbox backends.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, ClassVar, TypeVar
 
 import click
 
-from stockade.errors import InfraError, StaleOutput, StockadeError, TamperedArtifact, UserError
+from stockade.errors import StaleOutput, StockadeError, TamperedArtifact, UserError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,13 +40,11 @@ def friendly(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
-            _fail(str(exc))
+            _fail(str(exc), exc.exit_code)
         except (StaleOutput, TamperedArtifact) as exc:
-            _fail(f"error: {exc}")
-        except InfraError as exc:
-            _fail(f"error: {exc}")
+            _fail(f"error: {exc}", exc.exit_code)
         except StockadeError as exc:
-            _fail(f"error: {exc}")
+            _fail(f"error: {exc}", exc.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted", EXIT_INTERRUPTED)
         except BrokenPipeError:
@@ -73,7 +73,10 @@ class _Commands(click.Group):
 
     lazy: ClassVar[dict[str, str]] = {
         "apply": "stockade.cli.apply_cmd:apply",
+        "cancel": "stockade.cli.manage:cancel",
         "doctor": "stockade.cli.doctor_cmd:doctor",
+        "gc": "stockade.cli.manage:gc",
+        "rm": "stockade.cli.manage:rm",
         "logs": "stockade.cli.browse:logs",
         "runs": "stockade.cli.browse:runs",
         "show": "stockade.cli.browse:show",
@@ -121,13 +124,19 @@ def _reporter(as_json: bool) -> Any:
     return PlainReporter(quiet=False)
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def _finish(result: Any, as_json: bool, t0: float) -> None:
     s = result.summary
     if as_json:
         click.echo(json.dumps({
-            "run_id": result.run_id, "status": s.status, "run_dir": str(result.run_path),
+            "run_id": result.run_id, "status": str(s.status), "run_dir": str(result.run_path),
             "sandbox": {"backend": result.sandbox.backend.name, "enforced": result.sandbox.enforced},
-            "steps": s.steps, "items": s.items, "problems": list(s.messages),
+            "steps": {k: str(v) for k, v in s.steps.items()}, "items": s.items,
+            "retries": dict(s.retries), "problems": list(s.messages),
+            "duration": round(time.monotonic() - t0, 3),
         }, indent=2, sort_keys=True))
     else:
         for m in s.messages[:20]:
@@ -135,13 +144,19 @@ def _finish(result: Any, as_json: bool, t0: float) -> None:
         if len(s.messages) > 20:
             click.echo(f"  ... and {len(s.messages) - 20} more (stockade show {result.run_id})", err=True)
         total = sum(sum(c.values()) for c in s.items.values())
+        retried = sum(s.retries.values())
+        extra = f", {retried} {'retry' if retried == 1 else 'retries'}" if retried else ""
         click.echo(f"run {result.run_id} {s.status} in {time.monotonic() - t0:.1f}s "
-                   f"({total} items); details: stockade show {result.run_id}", err=True)
-    sys.exit({"succeeded": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(s.status, EXIT_FAILED))
+                   f"({_plural(total, 'item')}{extra}); details: stockade show {result.run_id}",
+                   err=True)
+        if str(s.status) == "interrupted":
+            click.echo(f"resume with: stockade resume {result.run_id}", err=True)
+    sys.exit({"succeeded": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(str(s.status), EXIT_FAILED))
 
 
-def _announce(as_json: bool) -> Callable[[str, Path, Any], None]:
+def _announce(as_json: bool, reporter: Any) -> Callable[[str, Path, Any], None]:
     def on_start(run_id: str, path: Path, choice: Any) -> None:
+        reporter.run_id = run_id
         if not as_json:
             click.echo(f"run {run_id} in {path}", err=True)
         click.echo(choice.line, err=True)
@@ -153,7 +168,8 @@ def _announce(as_json: bool) -> Callable[[str, Path, Any], None]:
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--run-id", default=None, help="an id chosen by an external scheduler (never reused)")
 @click.option("--var", "vars_", multiple=True, metavar="K=V", help="override a declared var")
-@click.option("--jobs", "-j", type=click.IntRange(1, 256), default=2, show_default=True)
+@click.option("--jobs", "-j", type=click.IntRange(1, 1024), default=None,
+              help="items at once (default: the CPUs this process may use)")
 @root_option
 @click.option("--require-sandbox", is_flag=True, help="refuse to start unless the sandbox is enforced")
 @click.option("--sandbox", "sandbox_name", default=None, envvar="STOCKADE_SANDBOX",
@@ -162,7 +178,7 @@ def _announce(as_json: bool) -> Callable[[str, Path, Any], None]:
               help="run store: a PostgreSQL URL (default: SQLite in the root)")
 @json_option
 @friendly
-def run(file: Path, run_id: str | None, vars_: tuple[str, ...], jobs: int, root: str | None,
+def run(file: Path, run_id: str | None, vars_: tuple[str, ...], jobs: int | None, root: str | None,
         require_sandbox: bool, sandbox_name: str | None, store_url: str | None, as_json: bool) -> None:
     """Start a run of FILE and execute it."""
     from stockade.runner.session import RunOptions, start_run
@@ -173,7 +189,7 @@ def run(file: Path, run_id: str | None, vars_: tuple[str, ...], jobs: int, root:
     reporter = _reporter(as_json)
     reporter.start()
     try:
-        result = start_run(file, opts, reporter, on_start=_announce(as_json),
+        result = start_run(file, opts, reporter, on_start=_announce(as_json, reporter),
                            interactive=sys.stdin.isatty())
     finally:
         reporter.stop()
@@ -183,24 +199,31 @@ def run(file: Path, run_id: str | None, vars_: tuple[str, ...], jobs: int, root:
 @cli.command()
 @click.argument("run_id")
 @root_option
-@click.option("--jobs", "-j", type=click.IntRange(1, 256), default=2, show_default=True)
+@click.option("--jobs", "-j", type=click.IntRange(1, 1024), default=None,
+              help="items at once (default: the CPUs this process may use)")
 @click.option("--sandbox", "sandbox_name", default=None, envvar="STOCKADE_SANDBOX")
 @click.option("--store", "store_url", default=None, envvar="STOCKADE_STORE")
 @click.option("--allow-stale", is_flag=True, help="let a run older than its window publish")
 @json_option
 @friendly
-def resume(run_id: str, root: str | None, jobs: int, sandbox_name: str | None,
+def resume(run_id: str, root: str | None, jobs: int | None, sandbox_name: str | None,
            store_url: str | None, allow_stale: bool, as_json: bool) -> None:
-    """Continue an interrupted or crashed run; verified items are kept."""
-    from stockade.runner.session import RunOptions, resume_run
+    """Continue an interrupted or crashed run (RUN_ID, a prefix, or 'last'); verified items are kept."""
+    from stockade.runner.runs import resolve_run
+    from stockade.runner.session import RunOptions, open_run_store, resume_run
 
     t0 = time.monotonic()
+    store = open_run_store(_root(root).resolve(), store_url, os.environ)
+    try:
+        run_id = resolve_run(store, run_id).run_id
+    finally:
+        store.close()
     opts = RunOptions(root=_root(root), jobs=jobs, sandbox=sandbox_name, store_url=store_url,
                       allow_stale=allow_stale)
     reporter = _reporter(as_json)
     reporter.start()
     try:
-        result = resume_run(run_id, opts, reporter, on_start=_announce(as_json),
+        result = resume_run(run_id, opts, reporter, on_start=_announce(as_json, reporter),
                             interactive=sys.stdin.isatty())
     finally:
         reporter.stop()
@@ -216,11 +239,14 @@ def resume(run_id: str, root: str | None, jobs: int, sandbox_name: str | None,
 def validate(file: Path) -> None:
     """Check a workflow; print each problem as FILE:LINE:COL: message."""
     from stockade.plan import build_plan
+    from stockade.runner import preflight
     from stockade.runner.session import load_spec
 
     spec = load_spec(file)
     build_plan(spec)
-    click.echo(f"{file}: ok ({len(spec.workflow.steps)} steps)")
+    preflight.check(spec, file.resolve().parent, None)
+    n = len(spec.workflow.steps)
+    click.echo(f"{file}: ok ({n} step{'' if n == 1 else 's'})")
 
 
 @cli.command()

@@ -1,7 +1,9 @@
 """Progress output: a live table on a terminal, plain lines otherwise.
 
-Implements the runner's ``Reporter`` protocol. Must not import the runner's
-internals beyond that protocol's shape.
+Implements the runner's ``Reporter`` protocol. Items are named by their key.
+A failed item's line carries the last lines of its stderr and the command
+that shows the rest. Must not import the runner
+(it matches the ``Reporter`` protocol by shape).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any
 
+GOOD = ("succeeded", "kept")
+
 
 @dataclass
 class _StepLine:
@@ -19,21 +23,31 @@ class _StepLine:
     running: int = 0
     done: int = 0
     failed: int = 0
+    retries: int = 0
     status: str = "pending"
+
+    @property
+    def queued(self) -> int:
+        return max(0, self.items - self.done - self.running)
 
 
 def _fmt_status(status: str) -> str:
     return {"succeeded": "ok", "failed": "FAILED", "skipped": "skipped"}.get(status, status)
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 class PlainReporter:
-    """One line per step start and end, and per item that did not succeed."""
+    """One line per step start and end, per retry, and per item that did not succeed."""
 
     def __init__(self, out: IO[str] | None = None, quiet: bool = False) -> None:
         self.out = out or sys.stderr
         self.quiet = quiet
         self.lock = threading.Lock()
         self.t0 = time.monotonic()
+        self.run_id = ""
 
     def _line(self, text: str) -> None:
         if self.quiet:
@@ -42,16 +56,28 @@ class PlainReporter:
             print(f"[{time.monotonic() - self.t0:7.2f}s] {text}", file=self.out, flush=True)
 
     def step_started(self, step: str, items: int) -> None:
-        self._line(f"{step}: started ({items} item{'s' if items != 1 else ''})")
+        self._line(f"{step}: started ({_plural(items, 'item')})")
 
-    def item_started(self, step: str, index: int) -> None:
+    def item_started(self, step: str, key: str) -> None:
         pass
 
-    def item_finished(self, step: str, index: int, status: str, attempt: int, message: str) -> None:
-        if status not in ("succeeded", "kept"):
-            self._line(f"{step}/{index}: {status} (attempt {attempt}) {message}".rstrip())
+    def item_retrying(self, step: str, key: str, attempt: int, delay: float, message: str) -> None:
+        self._line(f"{step}/{key}: attempt {attempt} failed ({message}); retry in {delay:.1f}s")
+
+    def item_finished(self, step: str, key: str, status: str, attempt: int, message: str,
+                      tail: str = "") -> None:
+        if status in GOOD:
+            return
+        self._line(f"{step}/{key}: {status} (attempt {attempt}) {message}".rstrip())
+        for line in tail.splitlines():
+            self._line(f"    | {line}")
+        if tail and self.run_id:
+            self._line(f"    more: stockade logs {self.run_id} {step}/{key} --stderr")
 
     def step_finished(self, step: str, status: str, message: str) -> None:
+        if status == "skipped":
+            self._line(f"{step}: skipped" + (f" ({message})" if message else ""))
+            return
         self._line(f"{step}: {_fmt_status(status)}" + (f" - {message}" if message else ""))
 
     def echo(self, line: str) -> None:
@@ -65,7 +91,7 @@ class PlainReporter:
 
 
 class LiveReporter(PlainReporter):
-    """A rich live table: steps, items done/running/failed, elapsed."""
+    """A rich live table: steps, items done/running/queued/failed/retries, elapsed."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -79,11 +105,14 @@ class LiveReporter(PlainReporter):
         from rich.table import Table
 
         table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
-        for col in ("step", "items", "done", "running", "failed", "status"):
+        for col in ("step", "items", "done", "running", "queued", "failed", "retries", "status"):
             table.add_column(col)
-        for name, s in self.steps.items():
+        with self.lock:
+            rows = [(n, _StepLine(**s.__dict__)) for n, s in self.steps.items()]
+        for name, s in rows:
             style = {"failed": "red", "succeeded": "green", "skipped": "yellow"}.get(s.status, "")
-            table.add_row(name, str(s.items), str(s.done), str(s.running), str(s.failed),
+            table.add_row(name, str(s.items), str(s.done), str(s.running), str(s.queued),
+                          str(s.failed), str(s.retries),
                           f"[{style}]{_fmt_status(s.status)}[/]" if style else s.status)
         table.caption = f"elapsed {time.monotonic() - self.t0:.1f}s"
         return table
@@ -103,21 +132,36 @@ class LiveReporter(PlainReporter):
         with self.lock:
             self.steps[step] = _StepLine(items=items, status="running")
 
-    def item_started(self, step: str, index: int) -> None:
+    def item_started(self, step: str, key: str) -> None:
         with self.lock:
             self.steps.setdefault(step, _StepLine()).running += 1
 
-    def item_finished(self, step: str, index: int, status: str, attempt: int, message: str) -> None:
+    def item_retrying(self, step: str, key: str, attempt: int, delay: float, message: str) -> None:
         with self.lock:
             s = self.steps.setdefault(step, _StepLine())
-            if status != "kept" and s.running:
+            s.retries += 1
+            if s.running:
+                s.running -= 1
+        self.console.print(f"[yellow]{step}/{key}[/]: attempt {attempt} failed ({message}); "
+                           f"retry in {delay:.1f}s", markup=True, highlight=False)
+
+    def item_finished(self, step: str, key: str, status: str, attempt: int, message: str,
+                      tail: str = "") -> None:
+        with self.lock:
+            s = self.steps.setdefault(step, _StepLine())
+            if status != "kept" and s.running and attempt > 0:
                 s.running -= 1
             s.done += 1
-            if status not in ("succeeded", "kept"):
+            if status not in GOOD:
                 s.failed += 1
-        if status not in ("succeeded", "kept"):
-            self.console.print(f"[red]{step}/{index}[/]: {status} (attempt {attempt}) {message}",
+        if status not in GOOD:
+            self.console.print(f"[red]{step}/{key}[/]: {status} (attempt {attempt}) {message}",
                                markup=True, highlight=False)
+            for line in tail.splitlines():
+                self.console.print(f"    | {line}", markup=False, highlight=False)
+            if tail and self.run_id:
+                self.console.print(f"    more: stockade logs {self.run_id} {step}/{key} --stderr",
+                                   markup=False, highlight=False)
 
     def step_finished(self, step: str, status: str, message: str) -> None:
         with self.lock:

@@ -2,7 +2,7 @@
 
 Sandboxed Jinja2 with StrictUndefined, key-first lookup on mappings, capped
 operators and an allowlist of filters, tests, functions and ``str`` methods.
-Pure: no file or network I/O; imports nothing of stockade but ``errors``.
+Pure: no file or network I/O; imports nothing of stockade but ``stockade.errors``.
 
 Text rendering rules: a string is itself, a Readable is its ``read_text()``,
 a bool is ``true``/``false``, a number is ``str()``, a list or mapping is

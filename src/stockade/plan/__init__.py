@@ -1,6 +1,8 @@
 """Plan a checked workflow: DAG order, fan-out, the information-flow graph.
 
 Pure: imports ``stockade.spec`` and ``stockade.expr`` only; no I/O.
+
+Must not import workspace, sandbox, runner, agent, publish, store, web or cli.
 """
 
 from stockade.plan.graph import Flow, Plan, build_plan, expand

@@ -2,6 +2,8 @@
 
 Pure: built from a ``Spec`` alone; items are not expanded here (that happens
 at run time through ``expand``), so planning is linear in the file's size.
+
+Must not import workspace, sandbox, runner, agent, publish, store, web or cli.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Text and JSON views of a plan for ``stockade plan``. Pure."""
+"""Text and JSON views of a plan for ``stockade plan``.
+
+Pure. Must not import workspace, sandbox, runner, agent, publish, store, web or cli.
+"""
 
 from __future__ import annotations
 

@@ -69,6 +69,8 @@ class PublishOutcome:
     winner_token: int | None = None
     already_applied: bool = False
     warnings: tuple[str, ...] = ()
+    #: False for refusals: publishing again would be refused the same way.
+    retryable: bool = True
 
 
 FLAT_SERIES_EVENT = "publish.flat_series"
@@ -78,6 +80,11 @@ LEASE_WAIT_FLOOR = 300.0
 
 def _failed(message: str, token: int | None = None) -> PublishOutcome:
     return PublishOutcome("failed", message, token)
+
+
+def _refused(message: str) -> PublishOutcome:
+    """A publish that must not happen; trying again would be refused the same way."""
+    return PublishOutcome("failed", message, None, retryable=False)
 
 
 def _hours(seconds: float) -> str:
@@ -163,18 +170,18 @@ def _checked(
     sleep: Callable[[float], None], lease_wait: float,
 ) -> PublishOutcome:
     if not req.key:
-        return _failed("refused: the publish key rendered to an empty string")
+        return _refused("refused: the publish key rendered to an empty string")
     try:
         json.dumps(req.payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        return _failed(f"refused: the payload is not a JSON value ({exc})")
+        return _refused(f"refused: the payload is not a JSON value ({exc})")
     refusal = check_provenance(req, store)
     if refusal:
-        return _failed(refusal)
+        return _refused(refusal)
     try:
         sink = open_sink(req.to, Path(req.base_dir), store)
     except SinkUrlError as exc:
-        return _failed(str(exc))
+        return _refused(str(exc))
     try:
         return _publish(req, store, sink, clock=clock, holder=holder, sleep=sleep,
                         lease_wait=lease_wait)
@@ -203,7 +210,7 @@ def _publish(
 
     age = clock() - req.run_started_at
     if age > req.max_age and not req.allow_stale:
-        return _failed(
+        return _refused(
             f"refused: run {req.run_id} started {_hours(age)} ago, outside its publish window"
             f" (publish.max_age {_hours(req.max_age)}); an old run must not publish old results"
             " as new. Start a new run, or resume with --allow-stale to publish anyway"

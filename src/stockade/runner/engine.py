@@ -1,74 +1,142 @@
-"""The local executor: schedule steps in DAG order, fan out, retry, record.
+"""The engine: the I/O shell around the scheduler.
 
-A failed item fails its step; the step's dependents are skipped while
-independent branches go on. Items run on ``jobs`` worker threads, each inside
-its own jail; all bookkeeping (store writes, views) happens on the main thread.
+It answers the scheduler's actions (expand a step into keyed items, start an
+attempt on the executor, record what finished, stop everything on an
+interrupt) and feeds outcomes back as events. All bookkeeping (store writes,
+views, progress) happens on this one thread; attempts run on the executor.
+
+An interrupt (Ctrl-C, SIGTERM from ``stockade cancel``) only sets a flag and
+wakes the loop: raising ``KeyboardInterrupt`` wherever the main thread
+happens to be could leave a lock held (the store's, the executor's) and hang
+the engine until the jails end. The loop turns the flag into an
+``Interrupt`` event, cancels the running jails and keeps collecting outcomes
+until every attempt has reported.
 
 Must not import the CLI.
 """
 
 from __future__ import annotations
 
-import contextlib
+import random
+import re
+import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from queue import Empty, SimpleQueue
-from typing import Any, Protocol
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
 
 from stockade.errors import UserError
 from stockade.expr import compile_template, render
 from stockade.plan import Plan, expand
-from stockade.runner.item import (
+from stockade.runner.attempt import (
     ITEM_ERRORS,
-    AttemptContext,
-    AttemptOutcome,
+    Attempt,
+    ItemRef,
+    Outcome,
+    RunContext,
     error_message,
-    located,
-    run_attempt,
 )
-from stockade.runner.views import ItemResult, artifacts_of, step_view
+from stockade.runner.executor import Executor
+from stockade.runner.kinds import is_inline, kind_of
+from stockade.runner.report import Reporter
+from stockade.runner.resume import record_lost_attempts, verified_items
+from stockade.runner.scheduler import (
+    Action,
+    AttemptEnded,
+    CancelRunning,
+    Event,
+    Expand,
+    Expanded,
+    ExpandFailed,
+    Interrupt,
+    ItemFinished,
+    RetryScheduled,
+    RunFinished,
+    Scheduler,
+    Start,
+    StartAttempt,
+    StepFinished,
+    StepInfo,
+    StepStarted,
+    Tick,
+)
+from stockade.runner.status import ITEM_BAD, AttemptStatus, ItemStatus, RunStatus, StepStatus
+from stockade.runner.views import ItemResult, ItemView, artifacts_of, step_view
 from stockade.spec import Spec
 from stockade.spec.model import Step
-from stockade.store.base import ArtifactRecord, AttemptRecord, Event, ItemRecord, Store
-from stockade.workspace.artifacts import sha256_file, to_json_value
-from stockade.workspace.layout import ItemDir, RunDir, read_json, write_record
+from stockade.store.base import ArtifactRecord, AttemptRecord, ItemRecord
+from stockade.store.base import Event as StoreEvent
+from stockade.workspace.artifacts import to_json_value
+from stockade.workspace.layout import RunDir
 
-#: How many item tasks may wait in the pool beyond the ones running.
-QUEUE_SLACK = 2
 #: Bookkeeping of finished items is written in batches of this many, or this often.
 FLUSH_EVERY = 64
 FLUSH_SECONDS = 0.25
-
-
-class Reporter(Protocol):
-    """Progress output; the CLI has a live terminal one and a plain-lines one."""
-
-    def step_started(self, step: str, items: int) -> None: ...
-    def item_started(self, step: str, index: int) -> None: ...
-    def item_finished(self, step: str, index: int, status: str, attempt: int, message: str) -> None: ...
-    def step_finished(self, step: str, status: str, message: str) -> None: ...
-    def echo(self, line: str) -> None: ...
-
-
-@dataclass
-class StepState:
-    step: Step
-    status: str = "pending"  # pending | running | succeeded | failed | skipped
-    total: int = 0
-    results: dict[int, ItemResult] = field(default_factory=dict)
-    message: str = ""
+#: A key a person can type in ``STEP/KEY`` (the default keys of string or number items).
+SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+MAX_KEY = 200
 
 
 @dataclass(frozen=True)
 class RunSummary:
-    status: str  # succeeded | failed | interrupted
-    steps: Mapping[str, str]
+    status: RunStatus
+    steps: Mapping[str, StepStatus]
     items: Mapping[str, Mapping[str, int]]
     messages: tuple[str, ...]
+    #: Attempts that were retries, per step.
+    retries: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Item:
+    index: int
+    key: str
+    value: Any
+    #: The attempt number before this execution's first (from disk on resume).
+    base: int = 0
+    outcome: Outcome | None = None
+
+
+@dataclass
+class _StepRun:
+    step: Step
+    items: list[_Item] = field(default_factory=list)
+    results: dict[int, ItemResult] = field(default_factory=dict)
+    retries: int = 0
+
+
+def item_keys(values: list[Any], explicit: list[str] | None) -> list[str]:
+    """Keys for a step's items: rendered ``key:`` values, the values themselves, or indexes.
+
+    Without ``key:``, another step's items keep their keys (so keys survive a
+    ``keep:``), string and number elements are their own keys when all are
+    unique and path-safe, and anything else is keyed by its index.
+    """
+    if explicit is not None:
+        return explicit
+    if values and all(isinstance(v, ItemView) for v in values):
+        upstream = [v.key for v in values]
+        if len(set(upstream)) == len(upstream):
+            return upstream
+    simple = [str(v) for v in values
+              if isinstance(v, str | int | float) and not isinstance(v, bool)]
+    if len(simple) == len(values) and all(SAFE_KEY.match(k) for k in simple) \
+            and len(set(simple)) == len(simple) and not any(k.startswith("#") for k in simple):
+        return simple
+    return [str(i) for i in range(len(values))]
+
+
+def check_key(key: Any) -> str:
+    if not isinstance(key, str | int) or isinstance(key, bool):
+        raise UserError(f"key must render a string or a number, got {type(key).__name__}")
+    text = str(key)
+    if not text or len(text) > MAX_KEY or "/" in text or text.startswith("#") \
+            or any(ord(c) < 32 for c in text) or text in (".", ".."):
+        raise UserError(f"key {text!r} cannot name an item: use 1 to {MAX_KEY} characters "
+                        "without '/', control characters or a leading '#'")
+    return text
 
 
 class Engine:
@@ -80,37 +148,120 @@ class Engine:
         spec: Spec,
         plan: Plan,
         run: RunDir,
-        store: Store,
-        attempt_context: AttemptContext,
+        context: RunContext,
+        executor: Executor,
         vars: Mapping[str, Any],
-        jobs: int,
         reporter: Reporter,
         resume: bool = False,
-        publisher: Callable[..., AttemptOutcome],
-        agent_factory: Callable[..., AttemptOutcome] | None = None,
+        rng: random.Random | None = None,
     ) -> None:
-        self.spec, self.plan, self.run, self.store = spec, plan, run, store
+        self.spec, self.plan, self.run, self.ctx = spec, plan, run, context
+        self.store = context.store
+        self.executor = executor
         self.vars = dict(vars)
-        self.jobs = max(1, jobs)
         self.reporter = reporter
         self.resume = resume
-        self.publisher = publisher
-        self.agent_factory = agent_factory
-        self.states = {s.id: StepState(s) for s in spec.workflow.steps}
+        self.steps = {s.id: _StepRun(s) for s in spec.workflow.steps}
         self.views: dict[str, dict[str, Any]] = {}
         self.messages: list[str] = []
         self.verified: dict[tuple[str, int], ItemRecord] = {}
+        self._index = {s.id: i for i, s in enumerate(spec.workflow.steps)}
+        self.scheduler = Scheduler(
+            [StepInfo(s.id, tuple(dict.fromkeys(s.needs)), s.retries, s.retry_delay,
+                      s.on_item_failure == "continue", is_inline(s))
+             for s in spec.workflow.steps],
+            plan.order, slots=executor.slots, rng=rng,
+        )
+        self._interrupts = 0
+        self._handled_interrupts = 0
         self._pending_attempts: list[AttemptRecord] = []
         self._pending_items: list[tuple[ItemRecord, list[ArtifactRecord]]] = []
         self._flushed_at = time.monotonic()
-        self.ac = replace(attempt_context, locate=self.locate)
-        self._index = {s.id: i for i, s in enumerate(spec.workflow.steps)}
+        self._cancellers: list[threading.Thread] = []
 
-    def locate(self, step: str, path: tuple[str | int, ...]) -> str:
-        line, col = self.spec.position("steps", self._index[step], *path)
-        return f"{self.spec.filename}:{line}:{col}"
+    # -- interrupts (called from a signal handler: set a flag, wake the loop) -------
 
-    # -- context -------------------------------------------------------------
+    def interrupt(self) -> None:
+        self._interrupts += 1
+        self.executor.wake()
+
+    # -- the loop -------------------------------------------------------------------
+
+    def execute(self) -> RunSummary:
+        if self.resume:
+            kinds = {s.id: s.kind for s in self.spec.workflow.steps}
+            self.verified = verified_items(self.run, self.store, kinds, self.ctx.clock)
+        status: RunStatus | None = None
+        try:
+            status = self._apply(self.scheduler.handle(Start(self.ctx.clock())))
+            while status is None:
+                status = self._check_interrupt()
+                if status is not None:
+                    break
+                wake = self.scheduler.next_wakeup()
+                timeout = FLUSH_SECONDS
+                if wake is not None:
+                    timeout = max(0.0, min(timeout, wake - self.ctx.clock()))
+                done = self.executor.completed(timeout)
+                if not done:
+                    self.flush()
+                for attempt, outcome in done:
+                    status = self._apply(self._attempt_ended(attempt, outcome)) or status
+                if status is None and wake is not None and self.ctx.clock() >= wake:
+                    status = self._apply(self.scheduler.handle(Tick(self.ctx.clock())))
+        finally:
+            self.flush()
+            for t in self._cancellers:
+                t.join()
+        return self._summary(status or RunStatus.INTERRUPTED)
+
+    def _check_interrupt(self) -> RunStatus | None:
+        if self._interrupts == self._handled_interrupts:
+            return None
+        first = self._handled_interrupts == 0
+        self._handled_interrupts = self._interrupts
+        if not first:
+            # A second Ctrl-C: no grace period for the jails.
+            self._cancel(grace=0.0)
+            return None
+        self.reporter.echo("interrupted: stopping running items (Ctrl-C again to kill at once)")
+        return self._apply(self.scheduler.handle(Interrupt(self.ctx.clock())))
+
+    def _cancel(self, grace: float | None = None) -> None:
+        # In a thread: killing waits for each jail's grace period, and the
+        # loop must go on collecting the outcomes the kills produce.
+        t = threading.Thread(target=self.ctx.jails.cancel, kwargs={"grace": grace},
+                             name="cancel", daemon=True)
+        t.start()
+        self._cancellers.append(t)
+
+    def _apply(self, actions: list[Action]) -> RunStatus | None:
+        """Carry out actions; those that answer with an event feed it back at once."""
+        todo = deque(actions)
+        finished: RunStatus | None = None
+        while todo:
+            action = todo.popleft()
+            more: list[Action] = []
+            if isinstance(action, Expand):
+                more = self.scheduler.handle(self._expand(action.step))
+            elif isinstance(action, StepStarted):
+                self._step_started(action)
+            elif isinstance(action, StartAttempt):
+                more = self._start(action)
+            elif isinstance(action, RetryScheduled):
+                self._retry_scheduled(action)
+            elif isinstance(action, ItemFinished):
+                self._item_finished(action)
+            elif isinstance(action, StepFinished):
+                self._step_finished(action)
+            elif isinstance(action, CancelRunning):
+                self._cancel()
+            elif isinstance(action, RunFinished):
+                finished = action.status
+            todo.extendleft(reversed(more))
+        return finished
+
+    # -- expand ---------------------------------------------------------------------
 
     def context(self, step: Step, item: Any = None, *, with_item: bool = False) -> dict[str, Any]:
         ctx: dict[str, Any] = {
@@ -122,256 +273,182 @@ class Engine:
             ctx["item"] = item
         return ctx
 
-    # -- resume --------------------------------------------------------------
+    def _locate(self, step: str, *path: str | int) -> str:
+        return self.ctx.locate(step, path)
 
-    def load_verified(self) -> None:
-        """Keep only completion records that still match the files on disk."""
-        for rec in self.store.items(self.run.run_id):
-            if rec.status != "succeeded":
-                continue
-            step = self.states.get(rec.step)
-            if step is None or step.step.kind in ("keep",):
-                continue
-            if self._verifies(rec):
-                self.verified[(rec.step, rec.item)] = rec
-            else:
-                self.store.forget_item(rec.run_id, rec.step, rec.item)
-                self.store.add_event(Event(self.run.run_id, self.ac.clock(), "unverified",
-                                           {"step": rec.step, "item": rec.item}))
-
-    def _verifies(self, rec: ItemRecord) -> bool:
-        idir = self.run.item(rec.step, rec.item)
+    def _expand(self, sid: str) -> Event:
+        sr = self.steps[sid]
+        step = sr.step
+        now = self.ctx.clock()
         try:
-            done = read_json(idir.completion)
-        except (OSError, ValueError):
-            return False
-        if done.get("status") != "succeeded" or done.get("attempt") != rec.attempt \
-                or done.get("run_id") != self.run.run_id:
-            return False
-        recorded = {a.name: (a.sha256, a.size) for a in rec.outputs}
-        on_disk = {o["name"]: (o["sha256"], o["size"]) for o in done.get("outputs", [])}
-        if recorded != on_disk:
-            return False
-        for name, (digest, size) in recorded.items():
-            try:
-                if sha256_file(idir.out / name) != (digest, size):
-                    return False
-            except OSError:
-                return False
-        return True
+            values = self._values(step)
+            explicit = None
+            if step.key is not None:
+                template = compile_template(step.key)
+                explicit = []
+                for v in values:
+                    try:
+                        rendered = render(template, self.context(step, v, with_item=True),
+                                          functions=self.ctx.functions)
+                        explicit.append(check_key(rendered))
+                    except ITEM_ERRORS as exc:
+                        raise UserError(f"{self._locate(sid, 'key')}: {error_message(exc)}") \
+                            from exc
+            keys = item_keys(values, explicit)
+            dupes = sorted({k for k in keys if keys.count(k) > 1}) if len(set(keys)) < len(keys) \
+                else []
+            if dupes:
+                raise UserError(f"{self._locate(sid, 'key')}: keys must be unique within the "
+                                f"step; repeated: {', '.join(dupes[:5])}")
+        except ITEM_ERRORS as exc:
+            message = self.ctx.masker.text(error_message(exc))
+            self._record_step_error(sid, message, now)
+            return ExpandFailed(sid, message, now)
+        sr.items = [_Item(i, k, v) for i, (k, v) in enumerate(zip(keys, values, strict=True))]
+        done: set[int] = set()
+        for it in sr.items:
+            rec = self.verified.get((sid, it.index))
+            if rec is not None and (not rec.key or rec.key == it.key):
+                done.add(it.index)
+                outputs = artifacts_of(rec, self.run.path, self.run.run_id)
+                sr.results[it.index] = ItemResult(it.index, it.key, ItemStatus.SUCCEEDED,
+                                                  it.value, rec.result, outputs)
+        if not step.isolate and step.kind in ("run", "agent"):
+            self.reporter.echo(f"{sid}: isolate: false - runs WITHOUT a sandbox (recorded)")
+            self._event("isolation_opt_out", {"step": sid})
+        return Expanded(sid, len(sr.items), now, frozenset(done))
 
-    # -- scheduling -----------------------------------------------------------
-
-    def execute(self) -> RunSummary:
-        if self.resume:
-            self.load_verified()
-        pending = deque(self.plan.order)
-        queue: deque[tuple[Step, int, Any]] = deque()
-        inflight: dict[Future[tuple[AttemptOutcome, list[AttemptRecord]]], tuple[Step, int, Any]] = {}
-        finished: SimpleQueue[Future[tuple[AttemptOutcome, list[AttemptRecord]]]] = SimpleQueue()
-        interrupted = False
-        pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="item")
-        try:
-            while True:
-                progressed = self._start_ready_steps(pending, queue)
-                while queue and len(inflight) < self.jobs + QUEUE_SLACK and not self.ac.cancelled.is_set():
-                    step, index, value = queue.popleft()
-                    self.reporter.item_started(step.id, index)
-                    fut = pool.submit(self._run_item, step, index, value)
-                    inflight[fut] = (step, index, value)
-                    fut.add_done_callback(finished.put)
-                if not inflight:
-                    if progressed:
-                        continue
-                    break
-                # A queue of finished futures, not ``wait()``: that builds and
-                # removes a waiter on every pending future for every item.
-                try:
-                    fut = finished.get(timeout=FLUSH_SECONDS)
-                except Empty:
-                    self.flush()
-                    continue
-                step, index, value = inflight.pop(fut)
-                self._record(step, index, value, fut.result())
-        except KeyboardInterrupt:
-            interrupted = True
-            self.cancel()
-            for fut in list(inflight):
-                step, index, value = inflight.pop(fut)
-                with contextlib.suppress(KeyboardInterrupt):
-                    self._record(step, index, value, fut.result())
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-            self.flush()
-        return self._summary(interrupted)
-
-    def cancel(self) -> None:
-        self.ac.cancelled.set()
-        with self.ac.running_lock:
-            jails = list(self.ac.running.values())
-        for jail in jails:
-            jail.kill(grace=1.0)
-
-    def _start_ready_steps(self, pending: deque[str], queue: deque[tuple[Step, int, Any]]) -> bool:
-        started = False
-        for sid in list(pending):
-            st = self.states[sid]
-            needs = [self.states[n] for n in st.step.needs]
-            if any(n.status in ("pending", "running") for n in needs):
-                continue
-            pending.remove(sid)
-            started = True
-            blocked = [n.step.id for n in needs if n.status != "succeeded"]
-            if blocked:
-                self._skip(st, f"skipped: {', '.join(blocked)} did not succeed")
-                continue
-            if self.ac.cancelled.is_set():
-                self._skip(st, "skipped: run interrupted")
-                continue
-            try:
-                with located(self.ac, sid, "for_each"):
-                    items = self._items_of(st.step)
-            except ITEM_ERRORS as exc:
-                st.status, st.message = "failed", error_message(exc)
-                self._record_step_error(st)
-                continue
-            st.status, st.total = "running", len(items)
-            self.reporter.step_started(sid, len(items))
-            if not st.step.isolate and st.step.kind in ("run", "agent"):
-                self.reporter.echo(f"{sid}: isolate: false - runs WITHOUT a sandbox (recorded)")
-                self.store.add_event(Event(self.run.run_id, self.ac.clock(), "isolation_opt_out",
-                                           {"step": sid}))
-            self.store.add_event(Event(self.run.run_id, self.ac.clock(), "step_started",
-                                       {"step": sid, "items": len(items)}))
-            if st.step.kind == "keep":
-                self._decide(st, items)
-            else:
-                for index, value in enumerate(items):
-                    rec = self.verified.get((sid, index))
-                    if rec is not None:
-                        self._keep_verified(st, index, value, rec)
-                    else:
-                        queue.append((st.step, index, value))
-            self._maybe_finish(st)
-        return started
-
-    def _items_of(self, step: Step) -> list[Any]:
+    def _values(self, step: Step) -> list[Any]:
         if step.for_each is None:
             return [None]
-        if isinstance(step.for_each, str):
-            value = render(compile_template(step.for_each), self.context(step), functions=self.ac.functions)
-        else:
-            value = step.for_each
-        return expand(value)
-
-    def _skip(self, st: StepState, message: str) -> None:
-        st.status, st.message = "skipped", message
-        now = self.ac.clock()
-        self.store.complete_item(ItemRecord(self.run.run_id, st.step.id, 0, "skipped", 0,
-                                            message=message, started_at=now, ended_at=now), [])
-        self.reporter.step_finished(st.step.id, "skipped", message)
-
-    def _record_step_error(self, st: StepState) -> None:
-        now = self.ac.clock()
-        self.store.complete_item(ItemRecord(self.run.run_id, st.step.id, 0, "errored", 0,
-                                            message=st.message, started_at=now, ended_at=now), [])
-        self.messages.append(f"{st.step.id}: {st.message}")
-        self.reporter.step_finished(st.step.id, "failed", st.message)
-
-    def _keep_verified(self, st: StepState, index: int, value: Any, rec: ItemRecord) -> None:
-        outputs = artifacts_of(rec, self.run.path, self.run.run_id)
-        st.results[index] = ItemResult(index, "succeeded", value, rec.result, outputs)
-        self.reporter.item_finished(st.step.id, index, "kept", rec.attempt, "verified, not rerun")
-
-    def _decide(self, st: StepState, items: list[Any]) -> None:
-        """A ``keep:`` step: a rule fixed in the file, evaluated here, no process."""
-        assert isinstance(st.step.keep, str)
-        tmpl = compile_template(st.step.keep)
-        for index, value in enumerate(items):
-            now = self.ac.clock()
-            try:
-                with located(self.ac, st.step.id, "keep"):
-                    decision = render(tmpl, self.context(st.step, value, with_item=True),
-                                      functions=self.ac.functions)
-                    if not isinstance(decision, bool):
-                        raise UserError(
-                            f"keep: must render true or false, got {type(decision).__name__}")
-                status, message = "succeeded", "kept" if decision else "dropped"
-            except ITEM_ERRORS as exc:
-                decision, status = None, "errored"
-                message = error_message(exc)
-            st.results[index] = ItemResult(index, status, value, decision)
-            self.store.complete_item(ItemRecord(
-                self.run.run_id, st.step.id, index, status, 1, result=decision,
-                value=to_json_value(value), message=message, started_at=now, ended_at=now), [])
-            if status != "succeeded":
-                self.messages.append(f"{st.step.id}/{index}: {message}")
-            self.reporter.item_finished(st.step.id, index, status, 1, message)
-
-    def _run_item(self, step: Step, index: int, value: Any) -> tuple[AttemptOutcome, list[AttemptRecord]]:
-        idir = self.run.item(step.id, index)
-        tctx = self.context(step, value, with_item=step.for_each is not None)
-        outcome = AttemptOutcome("errored", 0)
-        history: list[AttemptRecord] = []
-        if self.resume:
-            self._record_lost_attempts(step.id, index, idir)
-        for _ in range(step.retries + 1):
-            if step.publish is not None:
-                outcome = self.publisher(self, step, index, idir, tctx)
+        with self._located(step.id, "for_each"):
+            if isinstance(step.for_each, str):
+                value = render(compile_template(step.for_each), self.context(step),
+                               functions=self.ctx.functions)
             else:
-                outcome = run_attempt(self.ac, step, index, idir, tctx,
-                                      agent_factory=self.agent_factory)
-            history.append(AttemptRecord(
-                self.run.run_id, step.id, index, outcome.attempt, outcome.status,
-                outcome.exit_code, outcome.started_at, outcome.ended_at, outcome.message))
-            if outcome.status in ("succeeded", "fenced") or not outcome.retryable \
-                    or self.ac.cancelled.is_set():
-                break
-        # The completion file first, then the store (on the main thread):
-        # resume trusts only items on which both agree, so a crash between
-        # the two reruns the item. (meta/ exists: every attempt began there.)
-        write_record(idir.completion, {
-            "run_id": self.run.run_id, "step": step.id, "item": index, "status": outcome.status,
-            "attempt": outcome.attempt,
-            "outputs": [{"name": o.name, "sha256": o.sha256, "size": o.size} for o in outcome.outputs],
-        })
-        return outcome, history
+                value = step.for_each
+            return expand(value)
 
-    def _record_lost_attempts(self, step: str, index: int, idir: ItemDir) -> None:
-        """Attempts on disk that a crashed engine never recorded as finished."""
-        known = {a.attempt for a in self.store.attempts(self.run.run_id, step, index)}
-        for n in range(1, idir.last_attempt() + 1):
-            if n not in known and idir.attempt_dir(n).exists():
-                at = self.ac.clock()
-                self.store.record_attempt(AttemptRecord(
-                    self.run.run_id, step, index, n, "lost", None, at, at,
-                    "the engine stopped during this attempt"))
+    @contextmanager
+    def _located(self, sid: str, *path: str | int) -> Iterator[None]:
+        try:
+            yield
+        except ITEM_ERRORS as exc:
+            raise UserError(f"{self._locate(sid, *path)}: {error_message(exc)}") from exc
 
-    def _record(self, step: Step, index: int, value: Any,
-                done: tuple[AttemptOutcome, list[AttemptRecord]]) -> None:
-        outcome, history = done
-        st = self.states[step.id]
-        arts = [ArtifactRecord(self.run.run_id, step.id, index, outcome.attempt, o.name, o.sha256, o.size)
-                for o in outcome.outputs]
-        rec = ItemRecord(
-            self.run.run_id, step.id, index, outcome.status, outcome.attempt,
-            result=outcome.result, value=to_json_value(value), message=outcome.message,
-            started_at=outcome.started_at, ended_at=outcome.ended_at, outputs=tuple(arts),
+    def _record_step_error(self, sid: str, message: str, now: float) -> None:
+        self.store.complete_item(ItemRecord(self.run.run_id, sid, 0, ItemStatus.ERRORED, 0,
+                                            message=message, started_at=now, ended_at=now), [])
+        self.messages.append(f"{sid}: {message}")
+
+    def _step_started(self, action: StepStarted) -> None:
+        self.reporter.step_started(action.step, action.items)
+        self._event("step_started", {"step": action.step, "items": action.items})
+        sr = self.steps[action.step]
+        for index in sr.results:
+            it = sr.items[index]
+            self.reporter.item_finished(action.step, it.key, "kept", 0, "verified, not rerun")
+
+    # -- attempts -------------------------------------------------------------------
+
+    def _start(self, action: StartAttempt) -> list[Action]:
+        sr = self.steps[action.step]
+        it = sr.items[action.index]
+        step = sr.step
+        if action.try_ == 1 and self.resume and not is_inline(step):
+            it.base = record_lost_attempts(self.run.run_id, step.id, it.index,
+                                           self.run.item(step.id, it.index), self.store,
+                                           self.ctx.clock)
+        attempt = Attempt(
+            run=self.ctx, step=step, item=ItemRef(step.id, it.index, it.key), value=it.value,
+            number=it.base + action.try_, dirs=self.run.item(step.id, it.index),
+            context=self.context(step, it.value, with_item=step.for_each is not None),
         )
-        self._pending_attempts.extend(history)
+        if is_inline(step):
+            return self._attempt_ended(attempt, kind_of(step).run(attempt))
+        self.reporter.item_started(step.id, it.key)
+        self.executor.submit(attempt)
+        return []
+
+    def _attempt_ended(self, attempt: Attempt, outcome: Outcome) -> list[Action]:
+        sr = self.steps[attempt.step.id]
+        it = sr.items[attempt.item.index]
+        it.outcome = outcome
+        if not is_inline(attempt.step):
+            self._pending_attempts.append(AttemptRecord(
+                self.run.run_id, attempt.step.id, attempt.item.index, outcome.attempt,
+                str(outcome.status), outcome.exit_code, outcome.started_at, outcome.ended_at,
+                self.ctx.masker.text(outcome.message)))
+        return self.scheduler.handle(AttemptEnded(
+            attempt.step.id, attempt.item.index, outcome.status, self.ctx.clock(),
+            outcome.retryable))
+
+    def _retry_scheduled(self, action: RetryScheduled) -> None:
+        sr = self.steps[action.step]
+        it = sr.items[action.index]
+        sr.retries += 1
+        message = it.outcome.message if it.outcome else ""
+        self.reporter.item_retrying(action.step, it.key, action.try_ - 1, action.delay, message)
+        self._event("retry_scheduled", {
+            "step": action.step, "item": action.index, "key": it.key,
+            "attempt": it.base + action.try_, "at": action.at, "delay": round(action.delay, 3),
+            "after": message,
+        })
+
+    def _item_finished(self, action: ItemFinished) -> None:
+        sr = self.steps[action.step]
+        it = sr.items[action.index]
+        out = it.outcome
+        status = action.status
+        if out is None:  # never started (interrupted before its turn)
+            now = self.ctx.clock()
+            out = Outcome(AttemptStatus.INTERRUPTED, 0, message="not started: run interrupted",
+                          started_at=now, ended_at=now)
+        arts = [ArtifactRecord(self.run.run_id, action.step, action.index, out.attempt, o.name,
+                               o.sha256, o.size) for o in out.outputs]
+        rec = ItemRecord(
+            self.run.run_id, action.step, action.index, str(status), out.attempt,
+            result=self.ctx.masker.value(to_json_value(out.result)),
+            value=self.ctx.masker.value(to_json_value(it.value)),
+            message=self.ctx.masker.text(out.message), started_at=out.started_at,
+            ended_at=out.ended_at, outputs=tuple(arts), key=it.key,
+        )
         self._pending_items.append((rec, arts))
         if len(self._pending_items) >= FLUSH_EVERY or \
                 time.monotonic() - self._flushed_at >= FLUSH_SECONDS:
             self.flush()
-        st.results[index] = ItemResult(index, outcome.status, value, outcome.result,
-                                       artifacts_of(rec, self.run.path, self.run.run_id))
-        if outcome.status != "succeeded":
-            self.messages.append(f"{step.id}/{index}: {outcome.status}: {outcome.message}")
-        self.reporter.item_finished(step.id, index, outcome.status, outcome.attempt, outcome.message)
-        self._maybe_finish(st)
+        sr.results[action.index] = ItemResult(action.index, it.key, status, it.value, out.result,
+                                              artifacts_of(rec, self.run.path, self.run.run_id))
+        if status in ITEM_BAD:
+            self.messages.append(f"{action.step}/{it.key}: {status}: {out.message}")
+        if status is ItemStatus.INTERRUPTED and out.attempt == 0:
+            return
+        self.reporter.item_finished(action.step, it.key, str(status), out.attempt, out.message,
+                                    out.stderr_tail if status in ITEM_BAD else "")
+
+    def _step_finished(self, action: StepFinished) -> None:
+        sr = self.steps[action.step]
+        self.flush()
+        if action.status is StepStatus.SKIPPED:
+            now = self.ctx.clock()
+            message = f"skipped: {action.message}" if action.message else "skipped"
+            self.store.complete_item(ItemRecord(self.run.run_id, action.step, 0,
+                                                ItemStatus.SKIPPED, 0, message=message,
+                                                started_at=now, ended_at=now), [])
+        if self.scheduler.usable(action.step):
+            good = [r for r in sr.results.values() if r.status is ItemStatus.SUCCEEDED]
+            self.views[action.step] = step_view(sr.step.kind, sr.step.for_each is not None, good)
+        self._event("step_finished", {"step": action.step, "status": str(action.status)})
+        self.reporter.step_finished(action.step, str(action.status), action.message)
+
+    # -- records --------------------------------------------------------------------
+
+    def _event(self, kind: str, data: dict[str, Any]) -> None:
+        self.store.add_event(StoreEvent(self.run.run_id, self.ctx.clock(), kind,
+                                        self.ctx.masker.value(data)))
 
     def flush(self) -> None:
-        """Write the bookkeeping of finished items in one transaction.
+        """Write the bookkeeping of finished attempts and items in one transaction.
 
         Batching keeps the store off the per-item path. A crash before a flush
         loses nothing that matters: resume trusts an item only when the store
@@ -382,37 +459,14 @@ class Engine:
             self._pending_attempts, self._pending_items = [], []
         self._flushed_at = time.monotonic()
 
-    def _maybe_finish(self, st: StepState) -> None:
-        if st.status != "running" or len(st.results) < st.total:
-            return
-        self.flush()
-        bad = sum(r.status != "succeeded" for r in st.results.values())
-        st.status = "failed" if bad else "succeeded"
-        if bad:
-            st.message = f"{bad} of {st.total} items did not succeed"
-        else:
-            self.views[st.step.id] = step_view(st.step.kind, st.step.for_each is not None,
-                                               list(st.results.values()))
-        self.store.add_event(Event(self.run.run_id, self.ac.clock(), "step_finished",
-                                   {"step": st.step.id, "status": st.status}))
-        self.reporter.step_finished(st.step.id, st.status, st.message)
-
-    def _summary(self, interrupted: bool) -> RunSummary:
+    def _summary(self, status: RunStatus) -> RunSummary:
         counts: dict[str, dict[str, int]] = {}
-        for sid, st in self.states.items():
+        for sid, sr in self.steps.items():
             c: dict[str, int] = {}
-            for r in st.results.values():
-                c[r.status] = c.get(r.status, 0) + 1
+            for r in sr.results.values():
+                c[str(r.status)] = c.get(str(r.status), 0) + 1
             counts[sid] = c
-        statuses = {sid: st.status for sid, st in self.states.items()}
-        if interrupted or self.ac.cancelled.is_set():
-            status = "interrupted"
-        elif all(s == "succeeded" for s in statuses.values()):
-            status = "succeeded"
-        else:
-            status = "failed"
-        return RunSummary(status, statuses, counts, tuple(self.messages))
+        statuses = {sid: self.scheduler.step_status(sid) for sid in self.steps}
+        retries = {sid: sr.retries for sid, sr in self.steps.items() if sr.retries}
+        return RunSummary(status, statuses, counts, tuple(self.messages), retries)
 
-
-def workflow_dir(spec: Spec) -> Path:
-    return Path(spec.filename).resolve().parent

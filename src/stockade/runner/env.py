@@ -7,6 +7,7 @@ sandbox backends, the store or the CLI.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from stockade.sandbox.policy import ENV_ALLOWLIST
 
@@ -51,3 +52,19 @@ class Masker:
         for v in self.values:
             b = b.replace(v.encode(), MASK.encode())
         return b
+
+    def value(self, v: Any) -> Any:
+        """A JSON-like value with every string in it (keys too) masked.
+
+        Masks values, never serialised text: a secret such as ``null`` or
+        ``true`` must not rewrite the JSON syntax around it.
+        """
+        if not self.values:
+            return v
+        if isinstance(v, str):
+            return self.text(v)
+        if isinstance(v, dict):
+            return {self.text(k) if isinstance(k, str) else k: self.value(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [self.value(x) for x in v]
+        return v

@@ -18,7 +18,7 @@ finally ``succeeded``, ``failed`` or ``interrupted``. Life of an item:
 ``pending`` (waiting for a job slot) -> ``running`` -> done, or ``retrying``
 for its backoff delay and back to ``pending``.
 
-Imports only ``runner.status``.
+Imports nothing of stockade but ``stockade.runner.status``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
-"""Start or resume a run: directories, manifest, store records, the engine.
+"""Start or resume a run: preflight, sandbox, store record, folder, lock, engine.
 
-This is the one place where a loaded workflow meets the machine: it fingerprints
-host inputs, picks the sandbox, opens the store and hands everything to the
-``Engine``. Must not import the CLI.
+This is the one place where a loaded workflow meets the machine. The order
+matters: everything that can be checked is checked before anything is
+created (preflight errors leave no trace); the store record is made before
+the run folder (the store is what several roots may share, so it decides
+whether an id is taken); the engine's lock is taken before the first item,
+so a dead engine's run reads as ``crashed``. Must not import the CLI.
 """
 
 from __future__ import annotations
@@ -11,11 +14,13 @@ import hashlib
 import json
 import os
 import platform
+import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,14 +28,21 @@ from typing import Any
 from stockade import __version__
 from stockade.errors import UserError
 from stockade.plan import Plan, build_plan
-from stockade.runner.engine import Engine, Reporter, RunSummary
-from stockade.runner.item import AttemptContext
+from stockade.runner import preflight
+from stockade.runner.attempt import Jails, PublishSettings, RunContext
+from stockade.runner.cpus import available_cpus
+from stockade.runner.engine import Engine, RunSummary
+from stockade.runner.env import Masker
+from stockade.runner.executor import LocalExecutor
+from stockade.runner.report import Reporter
+from stockade.runner.status import RunStatus
 from stockade.sandbox.base import Backend
 from stockade.spec import Spec, load_workflow
-from stockade.store.base import Event, RunRecord, Store
+from stockade.store.base import Event, RunExists, RunRecord, Store
 from stockade.workspace.artifacts import HostFile, HostTree, host_file, host_tree
 from stockade.workspace.ids import check_run_id, uuid7
 from stockade.workspace.layout import RunDir, read_json, write_json
+from stockade.workspace.runlock import RunLock
 
 
 @dataclass(frozen=True)
@@ -44,7 +56,8 @@ class SandboxChoice:
 @dataclass(frozen=True)
 class RunOptions:
     root: Path
-    jobs: int = 2
+    #: None: the CPUs this process may use (affinity and cgroup quota).
+    jobs: int | None = None
     run_id: str | None = None
     overrides: Mapping[str, str] | None = None
     sandbox: str | None = None
@@ -59,6 +72,8 @@ class RunResult:
     run_path: Path
     summary: RunSummary
     sandbox: SandboxChoice
+    started_at: float = 0.0
+    ended_at: float = 0.0
 
 
 def default_root(env: Mapping[str, str]) -> Path:
@@ -66,14 +81,9 @@ def default_root(env: Mapping[str, str]) -> Path:
 
 
 def open_run_store(root: Path, url: str | None, env: Mapping[str, str]) -> Store:
-    url = url or env.get("STOCKADE_STORE")
-    try:
-        from stockade.store import open_store
-    except ImportError:
-        from stockade.store.sqlite import SQLiteStore
+    from stockade.store import open_store
 
-        return SQLiteStore(root / "stockade.db")
-    return open_store(url, root)
+    return open_store(url or env.get("STOCKADE_STORE"), root)
 
 
 def choose_sandbox(requested: str | None, env: Mapping[str, str]) -> SandboxChoice:
@@ -94,6 +104,10 @@ def apply_overrides(spec: Spec, overrides: Mapping[str, str] | None) -> dict[str
     return values
 
 
+_TYPE_WORDS = {bool: "true or false", int: "a number", float: "a number", list: "a JSON list",
+               dict: "a JSON mapping"}
+
+
 def _coerce(key: str, raw: str, default: Any) -> Any:
     """Give an override the type of the declared default (``--var threshold=30`` stays a number)."""
     if isinstance(default, str) or default is None:
@@ -109,7 +123,8 @@ def _coerce(key: str, raw: str, default: Any) -> Any:
     else:
         ok = isinstance(value, type(default))
     if not ok:
-        raise UserError(f"--var {key}={raw}: expected a {type(default).__name__} like the declared "
+        want = _TYPE_WORDS.get(type(default), type(default).__name__)
+        raise UserError(f"--var {key}={raw}: expected {want} like the declared "
                         f"default {json.dumps(default)}")
     return value
 
@@ -161,6 +176,54 @@ def load_spec(path: Path) -> Spec:
     return load_workflow(data, str(path))
 
 
+def secret_masker(spec: Spec, env: Mapping[str, str]) -> Masker:
+    """Masks the value of every secret the workflow declares (and every notify secret)."""
+    names = {*spec.workflow.secrets, *(h.secret for h in spec.workflow.notify if h.secret)}
+    return Masker(env[n] for n in names if n in env)
+
+
+class _Interrupts:
+    """SIGINT and SIGTERM set a flag and call the engine, instead of raising anywhere."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.target: Callable[[], None] | None = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.count += 1
+        if self.target is not None:
+            self.target()
+
+    def attach(self, target: Callable[[], None]) -> None:
+        self.target = target
+        for _ in range(self.count):
+            target()
+
+
+@contextmanager
+def _signals_to(handler: _Interrupts) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in previous:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _check_id(run_id: str | None, new_id: Callable[[], str]) -> str:
+    if run_id is None:
+        return new_id()
+    if not run_id:
+        raise UserError("--run-id '': an empty run id is not an id; leave --run-id out to "
+                        "have one made")
+    return check_run_id(run_id)
+
+
 def start_run(
     workflow_path: Path,
     opts: RunOptions,
@@ -176,7 +239,10 @@ def start_run(
     spec = load_spec(workflow_path)
     plan = build_plan(spec)
     values = apply_overrides(spec, opts.overrides)
-    run_id = check_run_id(opts.run_id) if opts.run_id else new_id()
+    run_id = _check_id(opts.run_id, new_id)
+    base = workflow_path.resolve().parent
+    preflight.check(spec, base, env)
+    files, trees = fingerprint_inputs(spec, base)
     choice = choose_sandbox(opts.sandbox, env)
     if (spec.workflow.sandbox.require or opts.require_sandbox) and not choice.enforced:
         raise UserError(
@@ -184,21 +250,39 @@ def start_run(
             f"{choice.backend.name!r} ({choice.line}); install bubblewrap "
             "(apt-get install bubblewrap) or run `stockade doctor` to see why"
         )
-    missing = [s for s in spec.workflow.secrets if s not in env]
-    base = workflow_path.resolve().parent
-    files, trees = fingerprint_inputs(spec, base)
     root = opts.root.resolve()
     run = RunDir(root, run_id)
+    if run.path.exists():
+        raise UserError(f"run id {run_id!r} is taken: {run.path} exists; run ids are never reused")
     store = open_run_store(root, opts.store_url, env)
-    run.create()
     started = clock()
+    try:
+        store.create_run(RunRecord(
+            run_id=run_id, workflow=spec.workflow.name, workflow_path=str(workflow_path.resolve()),
+            workflow_sha256=spec.sha256, root=str(root), status=RunStatus.RUNNING,
+            started_at=started, sandbox=choice.backend.name, enforced=choice.enforced,
+        ))
+    except RunExists:
+        store.close()
+        raise UserError(f"run id {run_id!r} is taken in the run store (another root shares it); "
+                        "run ids are never reused") from None
+    try:
+        run.create()
+    except BaseException:
+        store.delete_run(run_id)
+        store.close()
+        raise
     manifest = {
         "run_id": run_id,
         "started_at": started,
         "workflow": {"name": spec.workflow.name, "path": str(workflow_path.resolve()),
                      "sha256": spec.sha256},
         "vars": values,
-        "secrets": {"names": list(spec.workflow.secrets), "missing": missing},
+        "steps": [{"id": sid, "kind": spec.workflow.step(sid).kind,
+                   "needs": list(plan.needs[sid]),
+                   "fan_out": spec.workflow.step(sid).for_each is not None}
+                  for sid in plan.order],
+        "secrets": {"names": list(spec.workflow.secrets)},
         "input_fingerprints": {
             **{f"file:{k}": v.sha256 for k, v in files.items()},
             **{f"tree:{k}": v.sha256 for k, v in trees.items()},
@@ -209,14 +293,9 @@ def start_run(
         "engine": {"name": "stockade", "version": __version__},
         "sandbox": {"backend": choice.backend.name, "enforced": choice.enforced,
                     "limitations": list(choice.limitations)},
-        "jobs": opts.jobs,
+        "jobs": opts.jobs or available_cpus(),
     }
-    write_json(run.manifest, manifest)
-    store.create_run(RunRecord(
-        run_id=run_id, workflow=spec.workflow.name, workflow_path=str(workflow_path.resolve()),
-        workflow_sha256=spec.sha256, root=str(root), status="running", started_at=started,
-        sandbox=choice.backend.name, enforced=choice.enforced,
-    ))
+    write_json(run.manifest, secret_masker(spec, env).value(manifest))
     store.add_event(Event(run_id, started, "run_started", {"sandbox": choice.line}))
     if on_start:
         on_start(run_id, run.path, choice)
@@ -251,21 +330,23 @@ def resume_run(
         raise UserError(
             f"{workflow_path} changed since run {run_id} started "
             f"(sha256 {spec.sha256[:12]} != {manifest['workflow']['sha256'][:12]}); "
-            "resume runs the workflow it started with: restore the file or start a new run"
+            "resume runs the workflow it started with: restore the file, or start a new run"
         )
     plan = build_plan(spec)
     values = dict(manifest["vars"])
     base = workflow_path.parent
+    preflight.check(spec, base, env)
     files, trees = fingerprint_inputs(spec, base)
     for key, digest in manifest["input_fingerprints"].items():
         kind, rel = key.split(":", 1)
         now = files.get(rel) if kind == "file" else trees.get(rel)
         if now is not None and now.sha256 != digest:
-            raise UserError(f"{kind}({rel!r}) changed since run {run_id} started; start a new run")
+            raise UserError(f"{kind}({rel!r}) changed since run {run_id} started; "
+                            "start a new run")
     choice = choose_sandbox(opts.sandbox or manifest["sandbox"]["backend"], env)
     if spec.workflow.sandbox.require and not choice.enforced:
         raise UserError(f"this run requires an enforced sandbox, but {choice.line}")
-    store.update_run(run_id, status="running", ended_at=None)
+    store.update_run(run_id, status=RunStatus.RUNNING, ended_at=None)
     store.add_event(Event(run_id, clock(), "run_resumed", {"sandbox": choice.line}))
     if on_start:
         on_start(run_id, run.path, choice)
@@ -282,43 +363,51 @@ def _execute(
     from stockade.sandbox.none import NoneBackend
 
     base = Path(spec.filename).resolve().parent
-    ac = AttemptContext(
-        run_id=run.run_id, backend=choice.backend, enforced=choice.enforced,
-        host_env=env, secrets_allowed=frozenset(spec.workflow.secrets), clock=clock,
+    index = {s.id: i for i, s in enumerate(spec.workflow.steps)}
+
+    def locate(step: str, path: tuple[str | int, ...]) -> str:
+        line, col = spec.position("steps", index[step], *path)
+        return f"{spec.filename}:{line}:{col}"
+
+    masker = secret_masker(spec, env)
+    context = RunContext(
+        run_id=run.run_id, workflow=spec.workflow.name, backend=choice.backend,
+        none_backend=NoneBackend(), enforced=choice.enforced, host_env=env,
+        secrets_allowed=frozenset(spec.workflow.secrets), clock=clock,
         functions=template_functions(base, files, trees), echo=reporter.echo,
-        interactive=interactive, none_backend=NoneBackend(), cancelled=threading.Event(),
-        running={}, running_lock=threading.Lock(),
+        interactive=interactive, jails=Jails(), store=store,
+        publish=PublishSettings(
+            run_started_at=float(manifest["started_at"]),
+            input_fingerprint=str(manifest.get("input_fingerprint", "")),
+            allow_stale=opts.allow_stale, base_dir=base, vars=values,
+        ),
+        masker=masker, locate=locate,
     )
-    engine = Engine(
-        spec=spec, plan=plan, run=run, store=store, attempt_context=ac, vars=values,
-        jobs=opts.jobs, reporter=reporter, resume=resume,
-        publisher=_publisher(manifest, opts, base), agent_factory=_agent_factory(),
-    )
+    executor = LocalExecutor(opts.jobs or available_cpus())
+    interrupts = _Interrupts()
+    lock = RunLock(run.path)
+    started = clock()
     try:
-        summary = engine.execute()
+        with _signals_to(interrupts):
+            lock.acquire()
+            engine = Engine(spec=spec, plan=plan, run=run, context=context, executor=executor,
+                            vars=values, reporter=reporter, resume=resume)
+            interrupts.attach(engine.interrupt)
+            try:
+                summary = engine.execute()
+            finally:
+                executor.close()
+                choice.backend.close()
+            ended = clock()
+            store.update_run(run.run_id, status=summary.status, ended_at=ended)
+            store.add_event(Event(run.run_id, ended, "run_finished",
+                                  {"status": str(summary.status)}))
+            if spec.workflow.notify:
+                from stockade.runner.notify import notify_all
+
+                notify_all(spec, run.run_id, summary, started, ended, env, store, reporter.echo,
+                           masker)
     finally:
-        choice.backend.close()
-    store.update_run(run.run_id, status=summary.status, ended_at=clock())
-    store.add_event(Event(run.run_id, clock(), "run_finished", {"status": summary.status}))
-    store.close()
-    return RunResult(run.run_id, run.path, summary, choice)
-
-
-def _publisher(manifest: dict[str, Any], opts: RunOptions, base: Path) -> Callable[..., Any]:
-    def publish(*args: Any) -> Any:
-        # Imported on first use: sinks pull in database drivers a shell-only run never needs.
-        from stockade.runner.publishing import publish_item
-
-        return publish_item(*args, manifest=manifest, allow_stale=opts.allow_stale, base=base)
-
-    return publish
-
-
-def _agent_factory() -> Callable[..., Any]:
-    def run_agent(*args: Any) -> Any:
-        # Imported on first use: the broker pulls in httpx.
-        from stockade.runner.agents import run_agent_attempt
-
-        return run_agent_attempt(*args)
-
-    return run_agent
+        lock.release()
+        store.close()
+    return RunResult(run.run_id, run.path, summary, choice, started, ended)

@@ -15,18 +15,30 @@ from stockade.store.base import ItemRecord
 from stockade.workspace.artifacts import Artifact
 
 
+class ItemView(dict[str, Any]):
+    """``steps.X.items[i]``: a plain mapping to templates, but known to the engine as an
+    item, so a step fanning out over another step's items (or a ``keep:``'s kept
+    items) takes the same keys."""
+
+    @property
+    def key(self) -> str:
+        return str(self["key"])
+
+
 @dataclass
 class ItemResult:
     """One finished item as the engine keeps it in memory during a run."""
 
     index: int
+    key: str
     status: str
     value: Any
     result: Any
     outputs: dict[str, Artifact] = field(default_factory=dict)
 
-    def view(self) -> dict[str, Any]:
-        return {"index": self.index, "value": self.value, "result": self.result, "outputs": self.outputs}
+    def view(self) -> ItemView:
+        return ItemView(index=self.index, key=self.key, value=self.value, result=self.result,
+                        outputs=self.outputs)
 
 
 def artifacts_of(record: ItemRecord, run_path: Path, consumer_run: str) -> dict[str, Artifact]:
@@ -54,5 +66,5 @@ def step_view(kind: str, fan_out: bool, items: Sequence[ItemResult]) -> dict[str
         return {"result": kept, "items": kept, "outputs": {}, "decisions": views}
     if fan_out:
         return {"result": [i.result for i in ordered], "items": views, "outputs": {}}
-    only = ordered[0] if ordered else ItemResult(0, "skipped", None, None)
+    only = ordered[0] if ordered else ItemResult(0, "0", "skipped", None, None)
     return {"result": only.result, "items": views, "outputs": only.outputs}

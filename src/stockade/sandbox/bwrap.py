@@ -31,7 +31,7 @@ processes. Host root is exempt from RLIMIT_NPROC, so when the engine runs as
 root the jail runs as ``nobody`` (65534): the item's ``work/`` is handed to
 that uid before start.
 
-Stdlib and ``stockade.sandbox`` only.
+Standard library only, with ``stockade.sandbox`` and ``stockade.errors``.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 It is never enforced. The engine announces that at run start, records it in
 the manifest and on every output's provenance, and refuses to use it when a
 workflow requires a sandbox.
+
+Must not import runner, workspace, store or cli.
 """
 
 from __future__ import annotations

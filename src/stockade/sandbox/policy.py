@@ -3,7 +3,7 @@
 Policy is data. Backends (bwrap, landlock, sandbox-exec, none) are mechanism:
 they turn a ``Policy`` into a launch and report what the kernel enforced.
 
-Imports nothing from the rest of the package but ``errors``.
+Imports nothing of stockade but ``stockade.errors``.
 """
 
 from __future__ import annotations

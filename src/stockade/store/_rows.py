@@ -34,6 +34,7 @@ def item_from_row(r: Sequence[Any], outputs: Sequence[ArtifactRecord]) -> ItemRe
         run_id=r[0], step=r[1], item=r[2], status=r[3], attempt=r[4],
         result=load_json(r[5]), value=load_json(r[6]),
         message=r[7], started_at=r[8], ended_at=r[9], outputs=tuple(outputs),
+        key=r[10] if len(r) > 10 and r[10] else str(r[2]),
     )
 
 

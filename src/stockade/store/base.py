@@ -66,6 +66,12 @@ class ItemRecord:
     started_at: float = 0.0
     ended_at: float = 0.0
     outputs: tuple[ArtifactRecord, ...] = field(default=())
+    #: The item's key (``STEP/KEY``); its index as text for records made before keys.
+    key: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.key or str(self.item)
 
 
 @dataclass(frozen=True)
@@ -168,6 +174,18 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def list_runs(self, limit: int = 50) -> list[RunRecord]:
         """Newest first."""
+
+    @abc.abstractmethod
+    def find_runs(self, prefix: str, limit: int = 20) -> list[RunRecord]:
+        """Runs whose id starts with ``prefix`` (taken literally), newest first."""
+
+    @abc.abstractmethod
+    def delete_run(self, run_id: str) -> None:
+        """Forget a run: its record, items, attempts, artifacts, events and effects.
+
+        Leases, fences and the last publish per lease stay: they belong to the
+        sinks' series, not to one run.
+        """
 
     @abc.abstractmethod
     def record_attempt(self, attempt: AttemptRecord) -> None: ...

@@ -1,6 +1,6 @@
 """The PostgreSQL store's tables (``stockade_`` prefix), idempotent to apply.
 
-Kept apart from ``postgres.py`` so the schema reads in one place. Imports nothing.
+Kept apart from ``postgres.py`` so the schema reads in one place. Imports nothing of stockade.
 """
 
 SCHEMA = """
@@ -27,6 +27,7 @@ CREATE TABLE IF NOT EXISTS stockade_items (
     message TEXT NOT NULL,
     started_at DOUBLE PRECISION NOT NULL,
     ended_at DOUBLE PRECISION NOT NULL,
+    key TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (run_id, step, item)
 );
 CREATE TABLE IF NOT EXISTS stockade_artifacts (
@@ -104,4 +105,5 @@ CREATE TABLE IF NOT EXISTS stockade_last_publish (
 ALTER TABLE stockade_last_publish
     ADD COLUMN IF NOT EXISTS run_started_at DOUBLE PRECISION NOT NULL DEFAULT 0,
     ADD COLUMN IF NOT EXISTS token BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE stockade_items ADD COLUMN IF NOT EXISTS key TEXT NOT NULL DEFAULT '';
 """

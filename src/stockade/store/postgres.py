@@ -142,6 +142,17 @@ class PostgresStore(Store):
         )
         return [run_from_row(r) for r in rows]
 
+    def find_runs(self, prefix: str, limit: int = 20) -> list[RunRecord]:
+        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = self._rows("SELECT * FROM stockade_runs WHERE run_id LIKE %s "
+                          "ORDER BY started_at DESC, run_id DESC LIMIT %s", (pattern, limit))
+        return [run_from_row(r) for r in rows if r[0].startswith(prefix)]
+
+    def delete_run(self, run_id: str) -> None:
+        with self._tx() as cur:
+            for table in ("artifacts", "items", "attempts", "events", "effects", "runs"):
+                cur.execute(f"DELETE FROM stockade_{table} WHERE run_id=%s", (run_id,))
+
     # -- attempts and items ------------------------------------------------
 
     def record_attempt(self, attempt: AttemptRecord) -> None:
@@ -173,13 +184,13 @@ class PostgresStore(Store):
                 (i.run_id, i.step, i.item),
             )
             cur.execute(
-                "INSERT INTO stockade_items VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
+                "INSERT INTO stockade_items VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
                 " ON CONFLICT (run_id, step, item) DO UPDATE SET status=EXCLUDED.status,"
                 " attempt=EXCLUDED.attempt, result=EXCLUDED.result, value=EXCLUDED.value,"
                 " message=EXCLUDED.message, started_at=EXCLUDED.started_at,"
-                " ended_at=EXCLUDED.ended_at",
+                " ended_at=EXCLUDED.ended_at, key=EXCLUDED.key",
                 (i.run_id, i.step, i.item, i.status, i.attempt, dump_json(i.result), dump_json(i.value),
-                 i.message, i.started_at, i.ended_at),
+                 i.message, i.started_at, i.ended_at, i.key),
             )
             if outputs:
                 cur.executemany(

@@ -53,6 +53,7 @@ CREATE TABLE IF NOT EXISTS items (
     message TEXT NOT NULL,
     started_at REAL NOT NULL,
     ended_at REAL NOT NULL,
+    key TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (run_id, step, item)
 );
 CREATE TABLE IF NOT EXISTS artifacts (
@@ -175,6 +176,9 @@ class SQLiteStore(Store):
                           ("token", "INTEGER NOT NULL DEFAULT 0")):
             if col not in have:
                 self._db.execute(f"ALTER TABLE last_publish ADD COLUMN {col} {decl}")
+        # Stores made before items had keys.
+        if "key" not in {r[1] for r in self._db.execute("PRAGMA table_info(items)")}:
+            self._db.execute("ALTER TABLE items ADD COLUMN key TEXT NOT NULL DEFAULT ''")
 
     # -- helpers -----------------------------------------------------------
 
@@ -235,6 +239,16 @@ class SQLiteStore(Store):
         rows = self._rows("SELECT * FROM runs ORDER BY started_at DESC, run_id DESC LIMIT ?", (limit,))
         return [run_from_row(r) for r in rows]
 
+    def find_runs(self, prefix: str, limit: int = 20) -> list[RunRecord]:
+        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = self._rows("SELECT * FROM runs WHERE run_id LIKE ? ESCAPE '\\' "
+                          "ORDER BY started_at DESC, run_id DESC LIMIT ?", (pattern, limit))
+        return [run_from_row(r) for r in rows if r[0].startswith(prefix)]
+
+    def delete_run(self, run_id: str) -> None:
+        self._tx([(f"DELETE FROM {table} WHERE run_id=?", (run_id,))
+                  for table in ("artifacts", "items", "attempts", "events", "effects", "runs")])
+
     # -- attempts and items ------------------------------------------------
 
     @staticmethod
@@ -260,9 +274,9 @@ class SQLiteStore(Store):
         stmts: list[tuple[str, tuple[Any, ...]]] = [
             ("DELETE FROM artifacts WHERE run_id=? AND step=? AND item=?", (i.run_id, i.step, i.item)),
             (
-                "INSERT OR REPLACE INTO items VALUES (?,?,?,?,?,?,?,?,?,?)",
+                "INSERT OR REPLACE INTO items VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (i.run_id, i.step, i.item, i.status, i.attempt, dump_json(i.result), dump_json(i.value),
-                 i.message, i.started_at, i.ended_at),
+                 i.message, i.started_at, i.ended_at, i.key),
             ),
         ]
         for a in outputs:

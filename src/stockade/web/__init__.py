@@ -1,1 +1,1 @@
-"""The local web page of ``stockade ui``."""
+"""The local web page of ``stockade ui``. Must not import the engine."""

@@ -8,6 +8,7 @@ sandbox.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -20,9 +21,19 @@ from typing import Any
 
 import click
 
+from stockade.cli.main import friendly
+from stockade.errors import UserError
+from stockade.runner.runs import state
 from stockade.store.base import Store
 
 _RUN = re.compile(r"^/api/runs/([A-Za-z0-9_][A-Za-z0-9._-]{0,127})$")
+
+
+def allowed_host(header: str | None, port: int) -> bool:
+    """Only the loopback names, with this server's port: a DNS-rebound page is refused."""
+    if not header:
+        return False
+    return header.strip().lower() in {f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"}
 
 
 def _handler(store_factory: Callable[[], Store]) -> type[BaseHTTPRequestHandler]:
@@ -52,12 +63,18 @@ def _handler(store_factory: Callable[[], Store]) -> type[BaseHTTPRequestHandler]
             self._send(status, json.dumps(value, default=str).encode(), "application/json")
 
         def do_GET(self) -> None:
+            port = int(self.server.server_address[1])  # type: ignore[index]
+            if not allowed_host(self.headers.get("Host"), port):
+                self._json({"error": "this server answers only to 127.0.0.1, localhost or [::1] "
+                                     f"on port {port}"}, 421)
+                return
             path = self.path.split("?", 1)[0]
             if path == "/":
                 page = resources.files("stockade.web").joinpath("index.html").read_bytes()
                 self._send(200, page, "text/html; charset=utf-8")
             elif path == "/api/runs":
-                self._json([r.__dict__ for r in store().list_runs(200)])
+                self._json([{**r.__dict__, "status": str(state(r))}
+                            for r in store().list_runs(200)])
             elif m := _RUN.match(path):
                 run = store().get_run(m.group(1))
                 if run is None:
@@ -68,7 +85,8 @@ def _handler(store_factory: Callable[[], Store]) -> type[BaseHTTPRequestHandler]
                     for i in store().items(run.run_id)
                 ]
                 events = [e.__dict__ for e in store().events(run.run_id)][-200:]
-                self._json({"run": run.__dict__, "items": items, "events": events})
+                self._json({"run": {**run.__dict__, "status": str(state(run))}, "items": items,
+                            "events": events})
             else:
                 self._json({"error": "not found"}, 404)
 
@@ -82,15 +100,24 @@ def make_server(store_factory: Callable[[], Store], host: str, port: int) -> Thr
 @click.command()
 @click.option("--root", type=click.Path(file_okay=False), default=None,
               help="runs folder (default: $STOCKADE_HOME or ./.stockade)")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8765, show_default=True, type=int)
-def ui(root: str | None, host: str, port: int) -> None:
-    """Serve a local web page to browse runs live (read-only)."""
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535))
+@friendly
+def ui(root: str | None, port: int) -> None:
+    """Serve a local web page on 127.0.0.1 to browse runs live (read-only)."""
     from stockade.runner.session import default_root, open_run_store
 
-    r = Path(root) if root else default_root(os.environ)
-    server = make_server(lambda: open_run_store(r.resolve(), None, os.environ), host, port)
-    click.echo(f"stockade ui: http://{host}:{server.server_address[1]}/ (Ctrl-C to stop)", err=True)
+    r = (Path(root) if root else default_root(os.environ)).resolve()
+    if not os.environ.get("STOCKADE_STORE") and not (r / "stockade.db").exists():
+        raise UserError(f"no runs under {r} (set --root or $STOCKADE_HOME)")
+    try:
+        server = make_server(lambda: open_run_store(r, None, os.environ), "127.0.0.1", port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise UserError(f"port {port} on 127.0.0.1 is in use; choose another with "
+                            "--port N (or --port 0 for any free one)") from None
+        raise UserError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}") from None
+    click.echo(f"stockade ui: http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C to stop)",
+               err=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

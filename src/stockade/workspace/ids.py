@@ -1,6 +1,6 @@
 """Run ids: UUIDv7 by default, or a caller's id checked for safety.
 
-Must not import anything of stockade but ``errors``.
+Imports nothing of stockade but ``stockade.errors``.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@
 
 Every attempt gets a freshly created ``work/``: the previous attempt's tree is
 moved to ``meta/attempts/<n>/work`` first, so a retry never sees it.
+
+Must not import the runner, the sandbox or the CLI.
 """
 
 from __future__ import annotations
@@ -124,17 +126,19 @@ class ItemDir:
             return 0
         return max((int(n) for n in names if n.isdigit()), default=0)
 
-    def begin_attempt(self) -> int:
-        """Start a new attempt: retire the old ``work/``, create a fresh one.
+    def begin_attempt(self, n: int | None = None) -> int:
+        """Start attempt ``n`` (default: the next on disk): retire the old ``work/``,
+        create a fresh one.
 
-        Returns the new attempt number (from 1). The retired tree lands in the
+        Returns the attempt number (from 1). The retired tree lands in the
         previous attempt's meta folder, outside every jail. The scratch folder
         (HOME/TMPDIR for backends without a private tmpfs) is left to the
         backend to create, so backends that do not need it pay nothing.
         """
-        previous = self.last_attempt()
-        n = previous + 1
         work = str(self.work)
+        # A first attempt of a new item needs no listing of attempts/ (most items).
+        previous = 0 if n == 1 and not os.path.lexists(work) else self.last_attempt()
+        n = previous + 1 if n is None else n
         if os.path.lexists(work):
             if previous:
                 dest = self.attempt_dir(previous) / "work"
@@ -144,7 +148,7 @@ class ItemDir:
                 os.replace(work, dest)
             else:
                 shutil.rmtree(work)
-        if n == 1:
+        if previous == 0:
             # Top-down, so no mkdir fails on a missing parent first (the
             # step's folder exists after its first item).
             os.makedirs(self.path, exist_ok=True)

@@ -1,0 +1,98 @@
+"""Retention and control: ``gc``, ``rm``, ``cancel``.
+
+None of them ever touches a running run: ``gc`` and ``rm`` skip or refuse it,
+``cancel`` asks its engine to stop (SIGTERM: the engine ends the run as
+``interrupted``, resumable). Must not import the runner's engine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import click
+
+from stockade.cli.browse import _store, _when
+from stockade.cli.main import _root, friendly, root_option
+from stockade.errors import UserError
+from stockade.runner.runs import parse_age, remove_run, resolve_run, retention, run_path, state
+from stockade.runner.status import RunStatus
+from stockade.workspace.runlock import is_held, read_holder
+
+#: How long ``cancel`` waits for the engine to let go of its run.
+CANCEL_WAIT = 60.0
+
+
+@click.command()
+@click.option("--keep", type=click.IntRange(0, None), default=None,
+              help="keep the newest N runs")
+@click.option("--older-than", "older_than", default=None, metavar="AGE",
+              help="delete runs started longer ago than AGE (30d, 12h, ...)")
+@click.option("--dry-run", is_flag=True, help="list what would be deleted, delete nothing")
+@root_option
+@friendly
+def gc(keep: int | None, older_than: str | None, dry_run: bool, root: str | None) -> None:
+    """Delete old run folders and their store records; never a running run."""
+    if keep is None and older_than is None:
+        raise UserError("gc needs --keep N and/or --older-than AGE (nothing is deleted by default)")
+    store = _store(_root(root).resolve())
+    age = parse_age(older_than) if older_than is not None else None
+    chosen = retention(store.list_runs(1_000_000), keep=keep, older_than=age, now=time.time())
+    for r in chosen:
+        verb = "would delete" if dry_run else "deleted"
+        if not dry_run:
+            remove_run(store, r)
+        click.echo(f"{verb} {r.run_id}  {state(r)}  {_when(r.started_at)}  {r.workflow}")
+    if not chosen:
+        click.echo("nothing to delete")
+
+
+@click.command()
+@click.argument("run_id")
+@root_option
+@friendly
+def rm(run_id: str, root: str | None) -> None:
+    """Delete one run's folder and store records (refused while it runs)."""
+    store = _store(_root(root).resolve())
+    record = resolve_run(store, run_id)
+    remove_run(store, record)
+    click.echo(f"deleted {record.run_id}")
+
+
+@click.command()
+@click.argument("run_id")
+@root_option
+@friendly
+def cancel(run_id: str, root: str | None) -> None:
+    """Stop a running run from another terminal; it ends as interrupted, resumable."""
+    store = _store(_root(root).resolve())
+    record = resolve_run(store, run_id)
+    st = state(record)
+    if st is not RunStatus.RUNNING:
+        raise UserError(f"run {record.run_id} is not running ({st}); nothing to cancel")
+    path = run_path(record)
+    holder = read_holder(path)
+    if holder is None or not is_held(path):
+        raise UserError(f"run {record.run_id} has no live engine here to cancel")
+    if holder.host != socket.gethostname():
+        raise UserError(f"run {record.run_id} is executed on {holder.host} (pid {holder.pid}); "
+                        "cancel it there")
+    try:
+        os.kill(holder.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        raise UserError(f"run {record.run_id}: its engine (pid {holder.pid}) is gone") from None
+    except PermissionError:
+        raise UserError(f"run {record.run_id}: not allowed to signal its engine "
+                        f"(pid {holder.pid}); run cancel as the same user") from None
+    click.echo(f"cancelling {record.run_id} (engine pid {holder.pid}) ...")
+    deadline = time.monotonic() + CANCEL_WAIT
+    while is_held(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if is_held(path):
+        raise UserError(f"run {record.run_id}: the engine has not stopped after "
+                        f"{CANCEL_WAIT:.0f} s")
+    after = store.get_run(record.run_id)
+    click.echo(f"run {record.run_id} is {after.status if after else 'gone'}; "
+               f"resume it with: stockade resume {record.run_id}")

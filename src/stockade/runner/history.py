@@ -1,0 +1,273 @@
+"""The read side of a run: what ``show``, ``logs``, ``why`` and the web UI display.
+
+Built from the store (items, attempts, events), the manifest (step order,
+kinds, vars) and the records in each item's ``meta/`` (read through the
+types of ``workspace.records``). Every failure a person can cause (a missing
+item, a ``keep:`` item asked for its logs, an output name that does not
+exist) is a ``UserError`` that says what exists instead.
+
+Must not import the engine or the CLI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stockade.errors import UserError
+from stockade.runner.runs import run_path, state
+from stockade.runner.status import RunStatus
+from stockade.store.base import AttemptRecord, ItemRecord, RunRecord, Store
+from stockade.workspace.layout import ItemDir, RunDir, read_json
+from stockade.workspace.records import Provenance, read_completion, read_provenance
+
+
+@dataclass
+class RunView:
+    record: RunRecord
+    status: RunStatus
+    step_ids: list[str]
+    kinds: dict[str, str]
+    needs: dict[str, list[str]]
+    vars: dict[str, Any]
+    by_step: dict[str, list[ItemRecord]]
+    retries: dict[str, int] = field(default_factory=dict)
+    usage: dict[str, int] = field(default_factory=dict)
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def duration(self) -> float | None:
+        import time
+
+        end = self.record.ended_at or (time.time() if self.status is RunStatus.RUNNING else None)
+        return None if end is None else end - self.record.started_at
+
+    def items(self, step: str) -> list[ItemRecord]:
+        return self.by_step.get(step, [])
+
+    def counts(self, step: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for i in self.items(step):
+            out[i.status] = out.get(i.status, 0) + 1
+        return out
+
+    def step_json(self, step: str) -> dict[str, Any]:
+        return {
+            "id": step, "kind": self.kinds.get(step, ""), "needs": self.needs.get(step, []),
+            "counts": self.counts(step), "retries": self.retries.get(step, 0),
+            "items": [item_json(i) for i in self.items(step)],
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": {**self.record.__dict__, "status": str(self.status),
+                    "stored_status": self.record.status, "duration": self.duration},
+            "vars": self.vars,
+            "usage": self.usage,
+            "steps": [self.step_json(s) for s in self.step_ids],
+            "resume": (f"stockade resume {self.record.run_id}"
+                       if self.status in (RunStatus.CRASHED, RunStatus.INTERRUPTED) else None),
+        }
+
+
+def item_json(rec: ItemRecord) -> dict[str, Any]:
+    d = dict(rec.__dict__)
+    d["key"] = rec.label
+    d["outputs"] = [o.__dict__ for o in rec.outputs]
+    return d
+
+
+def read_manifest(record: RunRecord) -> dict[str, Any]:
+    try:
+        data = read_json(run_path(record) / "manifest.json")
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def run_view(store: Store, record: RunRecord) -> RunView:
+    manifest = read_manifest(record)
+    items = store.items(record.run_id)
+    by_step: dict[str, list[ItemRecord]] = {}
+    for i in items:
+        by_step.setdefault(i.step, []).append(i)
+    declared = manifest.get("steps") or []
+    step_ids = [s["id"] for s in declared if isinstance(s, dict) and "id" in s]
+    step_ids += sorted(s for s in by_step if s not in step_ids)
+    kinds = {s["id"]: str(s.get("kind", "")) for s in declared if isinstance(s, dict)}
+    needs = {s["id"]: list(s.get("needs", [])) for s in declared if isinstance(s, dict)}
+    retries: dict[str, int] = {}
+    usage: dict[str, int] = {}
+    for ev in store.events(record.run_id):
+        if ev.kind == "retry_scheduled":
+            step = str(ev.data.get("step", ""))
+            retries[step] = retries.get(step, 0) + 1
+        elif ev.kind == "agent_usage":
+            for k, v in (ev.data.get("usage") or {}).items():
+                if isinstance(v, int):
+                    usage[k] = usage.get(k, 0) + v
+    return RunView(record, state(record), step_ids, kinds, needs,
+                   dict(manifest.get("vars") or {}), by_step, retries, usage, manifest)
+
+
+@dataclass
+class ItemView:
+    record: ItemRecord
+    kind: str
+    attempts: list[AttemptRecord]
+    provenance: Provenance | None
+    publish: dict[str, Any] | None
+    tail: str
+
+    def to_json(self) -> dict[str, Any]:
+        item = item_json(self.record)
+        return {
+            # ``items`` (a list of one) keeps the shape of ``show RUN STEP --json``.
+            "item": item, "items": [item], "kind": self.kind,
+            "attempts": [a.__dict__ for a in self.attempts],
+            "provenance": self.provenance.to_json() if self.provenance else None,
+            "publish": self.publish, "stderr_tail": self.tail,
+        }
+
+
+def item_dir(record: RunRecord, item: ItemRecord) -> ItemDir:
+    return RunDir(Path(record.root), record.run_id).item(item.step, item.item)
+
+
+def item_view(store: Store, record: RunRecord, item: ItemRecord) -> ItemView:
+    view_kind = kind_of(record, item.step)
+    idir = item_dir(record, item)
+    attempts = store.attempts(record.run_id, item.step, item.item)
+    prov = None
+    pub = None
+    tail = ""
+    if item.attempt:
+        adir = idir.attempt_dir(item.attempt)
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            prov = read_provenance(adir / "provenance.json")
+        with contextlib.suppress(OSError, ValueError):
+            pub = read_json(adir / "publish.json")
+        if item.status not in ("succeeded", "skipped"):
+            tail = _tail(adir / "stderr")
+    return ItemView(item, view_kind, attempts, prov, pub, tail)
+
+
+def kind_of(record: RunRecord, step: str) -> str:
+    for s in read_manifest(record).get("steps") or []:
+        if isinstance(s, dict) and s.get("id") == step:
+            return str(s.get("kind", ""))
+    return ""
+
+
+def _tail(path: Path, lines: int = 10) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 4096))
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", errors="replace").rstrip("\n").splitlines()[-lines:])
+
+
+def log(store: Store, record: RunRecord, item: ItemRecord, which: str, attempt: int | None,
+        *, kind: str) -> bytes:
+    """The bytes of one attempt's stdout or stderr capture."""
+    label = f"{item.step}/{item.label}"
+    if kind == "keep":
+        raise UserError(f"{label} is an item of a keep: step: a decision evaluated by the "
+                        "engine, with no process and so no logs (see `stockade show`)")
+    if kind == "publish":
+        raise UserError(f"{label} is a publish item: it runs no process; its outcome is in "
+                        f"`stockade show {record.run_id} {label}`")
+    idir = item_dir(record, item)
+    known = [a.attempt for a in store.attempts(record.run_id, item.step, item.item)]
+    on_disk = idir.last_attempt()
+    n = attempt if attempt is not None else (item.attempt or on_disk)
+    if n <= 0:
+        raise UserError(f"{label} never started an attempt ({item.status}: {item.message})")
+    path = idir.attempt_dir(n) / which
+    if not path.exists():
+        have = sorted(set(known) | set(range(1, on_disk + 1)))
+        raise UserError(f"{label} has no attempt {n} with {which} "
+                        f"(attempts: {', '.join(map(str, have)) or 'none'})")
+    return path.read_bytes()
+
+
+def provenance_chain(store: Store, record: RunRecord, item: ItemRecord, output: str | None,
+                     *, kind: str) -> dict[str, Any]:
+    """The ``why`` of an item's outputs: each input, the item that made it, recursively."""
+    label = f"{item.step}/{item.label}"
+    if kind == "keep":
+        raise UserError(f"{label} is a decision of a keep: step; it makes no files "
+                        "(see `stockade show` for its decision and the item it kept)")
+    if kind == "publish":
+        return _publish_node(store, record, item)
+    rundir = RunDir(Path(record.root), record.run_id)
+    name = output.removeprefix("out/") if output else None
+    if name is not None:
+        names = [o.name for o in item.outputs]
+        if name not in names:
+            listed = ", ".join(f"out/{n}" for n in names) or "none"
+            raise UserError(f"{label} has no output {output!r} (its outputs: {listed})")
+    return _chain(rundir, item.step, item.item, name, 0, set())
+
+
+def _chain(rundir: RunDir, step: str, index: int, output: str | None, depth: int,
+           seen: set[tuple[str, str, int]]) -> dict[str, Any]:
+    idir = rundir.item(step, index)
+    try:
+        done = read_completion(idir.completion)
+        prov = read_provenance(idir.attempt_dir(done.attempt) / "provenance.json")
+    except (OSError, ValueError, KeyError):
+        raise UserError(f"no provenance for {step}/#{index} in run {rundir.run_id}") from None
+    outputs = [o for o in prov.outputs if output is None or o.name == output]
+    node: dict[str, Any] = {
+        "step": step, "item": index, "key": prov.key, "attempt": prov.attempt,
+        "run_id": prov.run_id, "sandbox": prov.sandbox.__dict__,
+        "outputs": [o.__dict__ for o in outputs], "inputs": [],
+    }
+    reused = next((o.reused_from for o in prov.outputs if o.reused_from), None)
+    if reused:
+        node["reused_from"] = dict(reused)
+    seen.add((rundir.run_id, step, index))
+    for inp in prov.inputs:
+        entry: dict[str, Any] = {"name": inp.name, "sha256": inp.sha256, "size": inp.size,
+                                 "source": dict(inp.source)}
+        src = inp.source
+        if inp.kind == "artifact" and depth < 50:
+            src_run = str(src.get("run_id", rundir.run_id))
+            producer = RunDir(rundir.root, src_run)
+            key = (src_run, str(src["step"]), int(src["item"]))
+            if key not in seen:
+                with contextlib.suppress(UserError):
+                    entry["from"] = _chain(producer, str(src["step"]), int(src["item"]),
+                                           str(src["name"]), depth + 1, seen)
+        node["inputs"].append(entry)
+    return node
+
+
+def _publish_node(store: Store, record: RunRecord, item: ItemRecord) -> dict[str, Any]:
+    idir = item_dir(record, item)
+    pub: Mapping[str, Any] = {}
+    if item.attempt:
+        with contextlib.suppress(OSError, ValueError):
+            pub = read_json(idir.attempt_dir(item.attempt) / "publish.json")
+    effect = store.get_effect(f"{record.run_id}/{item.step}/{item.item}")
+    node: dict[str, Any] = {
+        "kind": "publish", "step": item.step, "item": item.item, "key": item.label,
+        "run_id": record.run_id, "status": item.status, "message": item.message,
+        "publish": dict(pub), "effect": effect.__dict__ if effect else None,
+        "payload_artifacts": [],
+    }
+    rundir = RunDir(Path(record.root), record.run_id)
+    for ref in pub.get("payload_artifacts") or []:
+        entry = dict(ref)
+        with contextlib.suppress(UserError, KeyError, ValueError, TypeError):
+            entry["from"] = _chain(rundir, str(ref["step"]), int(ref["item"]), str(ref["name"]),
+                                   1, set())
+        node["payload_artifacts"].append(entry)
+    return node

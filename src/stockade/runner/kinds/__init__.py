@@ -1,0 +1,55 @@
+"""Step kinds: how an ``Attempt`` of a ``run:``, ``agent:``, ``keep:`` or ``publish:``
+item becomes an ``Outcome``.
+
+Every kind implements ``StepKind``; ``kind_of(step)`` picks it. ``inline``
+kinds (``keep:``) are evaluated on the engine's thread, take no job slot and
+start no process; the others go through an executor.
+
+Must not import the engine, the executors or the CLI.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Protocol
+
+from stockade.runner.attempt import Attempt, Outcome
+from stockade.spec.model import Step
+
+
+class StepKind(Protocol):
+    """Runs one attempt of one item of its kind."""
+
+    name: ClassVar[str]
+    #: Evaluated on the engine's thread: no process, no job slot, no attempt folder.
+    inline: ClassVar[bool]
+
+    def run(self, attempt: Attempt) -> Outcome: ...
+
+
+def kind_of(step: Step) -> StepKind:
+    """The implementation of ``step``'s kind (imported on first use: agent steps pull in httpx)."""
+    kind = step.kind
+    if kind == "run":
+        from stockade.runner.kinds.shell import Shell
+
+        return Shell()
+    if kind == "keep":
+        from stockade.runner.kinds.keep import Keep
+
+        return Keep()
+    if kind == "publish":
+        from stockade.runner.kinds.publish import Publish
+
+        return Publish()
+    if kind == "agent":
+        from stockade.runner.kinds.agent import AgentKind
+
+        return AgentKind()
+    raise ValueError(f"unknown step kind {kind!r}")
+
+
+def is_inline(step: Step) -> bool:
+    return step.kind == "keep"
+
+
+__all__ = ["StepKind", "is_inline", "kind_of"]

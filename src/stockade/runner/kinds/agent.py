@@ -1,0 +1,84 @@
+"""The ``agent:`` kind: the tool loop in the jail, the broker on the host.
+
+The loop, tools, write guard and broker live in ``stockade.agent``; this module
+wires an agent session to the sandbox and the item's directories. Must not
+import the engine, the executors or the CLI.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import ClassVar
+
+from stockade.agent import AgentJob, start_agent
+from stockade.expr import compile_template, render
+from stockade.runner.attempt import Attempt, Outcome, refused
+from stockade.runner.kinds.process import finish, in_jail, prepare, resources_of, run_jail
+from stockade.runner.status import AttemptStatus
+from stockade.sandbox.policy import Policy
+from stockade.workspace.artifacts import Materialised
+
+
+class AgentKind:
+    name: ClassVar[str] = "agent"
+    inline: ClassVar[bool] = False
+
+    def run(self, attempt: Attempt) -> Outcome:
+        return in_jail(attempt, lambda inputs: self._body(attempt, inputs))
+
+    def _body(self, attempt: Attempt, inputs: list[Materialised]) -> Outcome:
+        started = attempt.clock()
+        step, run = attempt.step, attempt.run
+        assert step.agent is not None
+        provider = step.agent.model.split("/", 1)[0].upper()
+        if not run.host_env.get(f"{provider}_API_KEY") and \
+                not run.host_env.get(f"{provider}_BASE_URL"):
+            # Fail before a jail starts, with what to set, instead of an
+            # authentication error from the provider after the first turn.
+            return refused(
+                attempt.number, started,
+                f"{attempt.locate('agent', 'model')}: {step.agent.model} needs "
+                f"{provider}_API_KEY in the engine's environment (or {provider}_BASE_URL "
+                "for a compatible server that needs no key); the key stays on the host",
+            )
+        world = prepare(attempt, inputs)
+        with attempt.located("agent", "prompt"):
+            prompt = str(render(compile_template(step.agent.prompt), attempt.context,
+                                functions=run.functions))
+        config = step.agent.model_copy(update={"prompt": prompt})
+        # Unix socket paths are limited to ~108 bytes, so the runtime dir is short.
+        runtime = Path(tempfile.mkdtemp(prefix="stockade-"))
+        dirs = attempt.dirs
+        try:
+            job = AgentJob(
+                run_id=run.run_id, step=step.id, item=attempt.item.index, attempt=attempt.number,
+                config=config, work_dir=dirs.work, meta_dir=attempt.meta, runtime_dir=runtime,
+                timeout=step.timeout, host_env=run.host_env, echo=run.echo,
+                interactive=run.interactive,
+            )
+            with start_agent(job) as session:
+                launch = session.launch
+                policy = Policy(
+                    argv=tuple(launch.argv), work_dir=dirs.work, scratch_dir=dirs.scratch,
+                    env={**world.env, **launch.env}, mounts=tuple(launch.mounts), network="none",
+                    resources=resources_of(step),
+                )
+                code, timed_out = run_jail(attempt, world.backend, policy, world.masker)
+                result = session.finish(code)
+                # A coding step hands its edits downstream as a unified diff, unless
+                # the agent itself wrote a file by that name.
+                if result.ok and result.diff and not (dirs.out / "changes.diff").exists():
+                    (dirs.out / "changes.diff").write_text(result.diff, encoding="utf-8")
+        finally:
+            shutil.rmtree(runtime, ignore_errors=True)
+        outcome = finish(attempt, started, code, timed_out)
+        if outcome.status is AttemptStatus.SUCCEEDED and not result.ok:
+            outcome = Outcome(AttemptStatus.FAILED, attempt.number, message=result.message,
+                              exit_code=code, started_at=started)
+        elif not result.ok and result.message:
+            outcome.message = f"{outcome.message}; {result.message}".strip("; ")
+        if outcome.status is AttemptStatus.SUCCEEDED:
+            outcome.result = result.result
+        return outcome

@@ -1,0 +1,350 @@
+"""What ``run:`` and ``agent:`` attempts share: inputs in, a jail, outputs out.
+
+``prepare`` renders and materialises the declared inputs and builds the
+environment; ``run_jail`` starts the jail, streams its output (secrets
+masked) into the attempt's records and enforces the timeout; ``finish``
+turns the exit status into an ``Outcome`` that names what went wrong (the
+resource limit that killed it, the declared outputs that are missing, the
+last lines of stderr); ``write_provenance`` keeps the per-attempt record
+every output points at.
+
+Runs on an executor's worker thread. Must not import the engine or the CLI.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, Any
+
+from stockade.errors import InfraError
+from stockade.expr import compile_template, render_value
+from stockade.runner.attempt import ITEM_ERRORS, Attempt, Outcome, error_message, refused
+from stockade.runner.env import Masker, build_env
+from stockade.runner.records import write_provenance
+from stockade.runner.status import AttemptStatus
+from stockade.sandbox.base import Backend
+from stockade.sandbox.policy import ExtraMount, NetworkMode, Policy, Resources
+from stockade.spec.model import Step
+from stockade.spec.sizes import format_size, parse_size
+from stockade.workspace.artifacts import (
+    Materialised,
+    Output,
+    OutputRefused,
+    collect_outputs,
+    materialise,
+    to_json_value,
+)
+
+#: Results larger than this are cut in the store (the full stdout stays in meta/).
+MAX_RESULT = 4 << 20
+#: How much of a failed item's stderr its message quotes.
+TAIL_LINES = 5
+TAIL_BYTES = 4096
+
+
+def resources_of(step: Step) -> Resources:
+    r = step.resources
+    return Resources(
+        memory_bytes=parse_size(r.memory),
+        cpu_seconds=r.cpu_seconds,
+        processes=r.processes,
+        file_size_bytes=parse_size(r.file_size),
+    )
+
+
+def network_mode(step: Step) -> NetworkMode:
+    if step.network == "open":
+        return "open"
+    if isinstance(step.network, list):
+        return "proxy"
+    return "none"
+
+
+def template_refs(value: Any) -> list[str]:
+    """The values a declared input was computed from, for ``stockade why``."""
+    if isinstance(value, str):
+        return list(compile_template(value).refs)
+    if isinstance(value, dict):
+        return [r for v in value.values() for r in template_refs(v)]
+    if isinstance(value, list):
+        return [r for v in value for r in template_refs(v)]
+    return []
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An attempt's world, ready for a jail."""
+
+    inputs: list[Materialised]
+    env: dict[str, str]
+    backend: Backend
+    masker: Masker
+
+
+def item_masker(attempt: Attempt) -> Masker:
+    """Masks the secrets this step receives (and every other declared one)."""
+    return attempt.run.masker
+
+
+def prepare(attempt: Attempt, inputs: list[Materialised]) -> Prepared:
+    """Render and write the declared inputs into the fresh ``work/``; build the environment.
+
+    ``inputs`` is filled as inputs are written, so provenance records what
+    entered the jail even when a later input fails.
+    """
+    step, ctx, fns = attempt.step, attempt.context, attempt.run.functions
+    for name, template in step.inputs.items():
+        with attempt.located("inputs", name):
+            value = render_value(template, ctx, functions=fns)
+            m = materialise(attempt.dirs.work, name, value, attempt.run.run_id)
+        refs = template_refs(template)
+        inputs.append(replace(m, source={**m.source, "refs": refs}) if refs else m)
+    with attempt.located("env"):
+        step_env = {
+            k: v if isinstance(v, str) else str(to_json_value(v))
+            for k, v in render_value(dict(step.env), ctx, functions=fns).items()
+        }
+    env = build_env(
+        attempt.run.host_env,
+        step_env=step_env,
+        secrets=[s for s in step.secrets if s in attempt.run.secrets_allowed],
+        stockade_vars={
+            "STOCKADE_RUN_ID": attempt.run.run_id, "STOCKADE_STEP": step.id,
+            "STOCKADE_ITEM": str(attempt.item.index), "STOCKADE_ITEM_KEY": attempt.item.key,
+            "STOCKADE_ATTEMPT": str(attempt.number),
+        },
+    )
+    backend = attempt.run.backend if step.isolate else attempt.run.none_backend
+    return Prepared(inputs, env, backend, item_masker(attempt))
+
+
+def in_jail(attempt: Attempt, body: Callable[[list[Materialised]], Outcome]) -> Outcome:
+    """Run a process kind's ``body`` in a fresh attempt; every ending becomes an Outcome.
+
+    Creates the attempt's folders, translates the errors an item can cause
+    into outcomes (never retried) and infrastructure errors into retryable
+    ones, and writes the provenance record whatever happened.
+    """
+    started = attempt.clock()
+    attempt.dirs.begin_attempt(attempt.number)
+    masker = attempt.run.masker
+    inputs: list[Materialised] = []
+    try:
+        outcome = body(inputs)
+    except ITEM_ERRORS as exc:
+        outcome = refused(attempt.number, started, masker.text(error_message(exc)))
+    except InfraError as exc:
+        outcome = Outcome(AttemptStatus.ERRORED, attempt.number, message=masker.text(str(exc)),
+                          started_at=started)
+    except OSError as exc:
+        outcome = Outcome(AttemptStatus.ERRORED, attempt.number,
+                          message=masker.text(f"{exc.strerror}: {exc.filename}"),
+                          started_at=started)
+    finally:
+        attempt.dirs.end_attempt()
+    outcome.started_at = outcome.started_at or started
+    outcome.ended_at = attempt.clock()
+    write_provenance(attempt, outcome, inputs)
+    return outcome
+
+
+class _Pump(threading.Thread):
+    """Copies a pipe to a file, masking secrets across chunk boundaries."""
+
+    def __init__(self, fd: int, sink: IO[bytes], masker: Masker) -> None:
+        super().__init__(daemon=True)
+        self.fd, self.sink, self.masker = fd, sink, masker
+        self.keep = max(len(v.encode()) for v in masker.values) - 1
+
+    def run(self) -> None:
+        pending = b""
+        with os.fdopen(self.fd, "rb", buffering=0) as src:
+            while chunk := src.read(65536):
+                pending = self.masker.data(pending + chunk)
+                if len(pending) > self.keep:
+                    cut = len(pending) - self.keep
+                    self.sink.write(pending[:cut])
+                    pending = pending[cut:]
+        self.sink.write(self.masker.data(pending))
+        self.sink.flush()
+
+
+def run_jail(
+    attempt: Attempt,
+    backend: Backend,
+    policy: Policy,
+    masker: Masker,
+    mounts: tuple[ExtraMount, ...] = (),
+) -> tuple[int | None, bool]:
+    """Start the jail, stream its output to ``meta/``, enforce the timeout.
+
+    Returns ``(exit status, timed out)``; the status is None when the run was
+    cancelled before the jail started.
+    """
+    step, meta = attempt.step, attempt.meta
+    if mounts:
+        policy = replace(policy, mounts=policy.mounts + mounts)
+    proxy = None
+    if policy.network == "proxy":
+        from stockade.sandbox import EgressProxy  # only steps with an allowlist pay for it
+
+        assert isinstance(step.network, list)
+        policy.scratch_dir.mkdir(parents=True, exist_ok=True)
+        proxy = EgressProxy(step.network, meta / "network.jsonl", policy.scratch_dir)
+        proxy.start()
+        policy = replace(policy, proxy_socket=proxy.socket_path)
+    jails = attempt.run.jails
+    key = (step.id, attempt.item.index)
+    try:
+        with open(meta / "stdout", "wb") as out, open(meta / "stderr", "wb") as err:
+            pumps: list[_Pump] = []
+            fds: list[int] = []
+            stdout: IO[bytes] | int = out
+            stderr: IO[bytes] | int = err
+            if masker:
+                for sink in (out, err):
+                    r, w = os.pipe()
+                    pumps.append(_Pump(r, sink, masker))
+                    fds.append(w)
+                stdout, stderr = fds
+            try:
+                jail = jails.launch(key, lambda: backend.start(policy, stdout=stdout, stderr=stderr))
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            for p in pumps:
+                p.start()
+            if jail is None:
+                for p in pumps:
+                    p.join(30)
+                return None, False
+            try:
+                code = jail.wait(step.timeout)
+                timed_out = code is None
+                if timed_out:
+                    jail.kill(grace=2.0)
+                    code = jail.wait(10)
+            finally:
+                jails.finished(key)
+            for p in pumps:
+                p.join(30)
+            return code, timed_out
+    finally:
+        if proxy is not None:
+            proxy.close()
+
+
+def read_result(meta: Path) -> str:
+    with open(meta / "stdout", "rb") as f:
+        data = f.read(MAX_RESULT + 1)
+    text = data[:MAX_RESULT].decode("utf-8", errors="replace")
+    return text[:-1] if text.endswith("\n") else text
+
+
+def stderr_tail(meta: Path, lines: int = TAIL_LINES) -> str:
+    """The last lines of the attempt's stderr capture (already masked)."""
+    try:
+        with open(meta / "stderr", "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - TAIL_BYTES))
+            data = f.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace").rstrip("\n")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _signal_of(code: int) -> int | None:
+    """The signal that ended the process: ``-N``, or ``128+N`` as shells and bwrap report it."""
+    if code < 0:
+        return -code
+    if 128 < code < 128 + 65:
+        return code - 128
+    return None
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+#: Text a process prints when an allocation failed (RLIMIT_AS hit).
+_NO_MEMORY = ("MemoryError", "Cannot allocate memory", "out of memory", "bad_alloc",
+              "memory exhausted", "mmap failed")
+
+
+def limit_message(step: Step, code: int, tail: str) -> str | None:
+    """Name the ``resources:`` limit that ended the process, when the evidence says so."""
+    r = step.resources
+    sig = _signal_of(code)
+    if sig == signal.SIGXFSZ and r.file_size is not None:
+        return f"exceeded file_size {format_size(r.file_size)} (killed by SIGXFSZ)"
+    if sig == signal.SIGXCPU and r.cpu_seconds is not None:
+        return f"exceeded cpu_seconds {r.cpu_seconds} (killed by SIGXCPU)"
+    if sig == signal.SIGKILL and r.cpu_seconds is not None and not tail:
+        return (f"killed by SIGKILL: the cpu_seconds {r.cpu_seconds} limit is the likely cause "
+                "(the kernel sends SIGKILL at the hard limit)")
+    if r.memory is not None and any(s in tail for s in _NO_MEMORY):
+        return f"exceeded memory {format_size(r.memory)} (an allocation failed)"
+    if r.processes is not None and "Resource temporarily unavailable" in tail \
+            and "fork" in tail.lower():
+        return f"exceeded processes {r.processes} (fork failed)"
+    return None
+
+
+def missing_outputs(step: Step, outputs: list[Output]) -> list[str]:
+    """The declared ``outputs`` patterns no produced file matches."""
+    names = [o.name for o in outputs]
+    return [p for p in step.outputs if not any(fnmatch.fnmatchcase(n, p) for n in names)]
+
+
+def finish(attempt: Attempt, started: float, code: int | None, timed_out: bool) -> Outcome:
+    """The outcome of a finished process: outputs collected, or why it failed."""
+    n, step, meta = attempt.number, attempt.step, attempt.meta
+    if attempt.run.cancelled and (code is None or code != 0):
+        return Outcome(AttemptStatus.INTERRUPTED, n, message="interrupted", exit_code=code,
+                       started_at=started, retryable=False)
+    if timed_out:
+        return Outcome(AttemptStatus.FAILED, n, message=f"timed out after {step.timeout:g}s",
+                       exit_code=code, started_at=started, stderr_tail=stderr_tail(meta))
+    if code != 0:
+        tail = stderr_tail(meta)
+        assert code is not None
+        sig = _signal_of(code)
+        how = limit_message(step, code, tail)
+        if how is None:
+            how = (f"killed by {_signal_name(sig)} (exit status {code})" if sig is not None
+                   else f"exit status {code}")
+        return Outcome(AttemptStatus.FAILED, n, message=how, exit_code=code, started_at=started,
+                       stderr_tail=tail)
+    try:
+        outputs = collect_outputs(attempt.dirs.out)
+    except OutputRefused as exc:
+        return Outcome(AttemptStatus.FAILED, n, message=str(exc), exit_code=code,
+                       started_at=started)
+    missing = missing_outputs(step, outputs)
+    if missing:
+        return Outcome(AttemptStatus.FAILED, n, exit_code=code, started_at=started,
+                       message="exited 0 without its declared outputs: missing "
+                               + ", ".join(f"out/{m}" for m in missing))
+    unsafe = [o.name for o in outputs if attempt.run.masker.text(o.name) != o.name]
+    if unsafe:
+        return Outcome(AttemptStatus.FAILED, n, exit_code=code, started_at=started,
+                       retryable=False,
+                       message=f"{len(unsafe)} output name(s) contain a secret value; refused")
+    return Outcome(AttemptStatus.SUCCEEDED, n, result=read_result(meta), outputs=outputs,
+                   exit_code=0, started_at=started)
+
+
+__all__ = [
+    "MAX_RESULT", "Prepared", "finish", "in_jail", "limit_message", "missing_outputs",
+    "network_mode", "prepare", "resources_of", "run_jail", "stderr_tail",
+]

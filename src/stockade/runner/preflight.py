@@ -1,0 +1,95 @@
+"""Preflight: everything that can be known before the first item runs.
+
+``stockade validate`` and ``stockade run`` both call ``preflight``; each
+problem is a ``FILE:LINE:COL`` ``Problem`` and they are reported together,
+with exit 2, before any run folder exists. What it checks beyond the pure
+spec checks: the host paths ``file()``/``tree()`` name (they must exist and
+be a file or a folder) and, for a run only, the declared secrets and the agent providers' keys or base URLs in the
+engine's environment.
+
+Reads the disk and the environment; must not import the engine or the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+from stockade.errors import Problem, UserError
+from stockade.spec import Spec
+
+#: The environment variables each model provider is reached with.
+PROVIDER_ENV: Mapping[str, tuple[str, str]] = {
+    "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL"),
+    "anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"),
+}
+
+
+def preflight(spec: Spec, base: Path, env: Mapping[str, str] | None) -> list[Problem]:
+    """Problems a run of ``spec`` would meet; ``env`` None checks no environment (``validate``)."""
+    problems: list[Problem] = []
+
+    def add(path: tuple[str | int, ...], message: str) -> None:
+        line, col = spec.position(*path)
+        problems.append(Problem(spec.filename, line, col, message))
+
+    for path, template in spec.templates().items():
+        for rel in template.files:
+            why = _host_path_problem(base, rel, want_dir=False)
+            if why:
+                add(path, f"file({rel!r}): {why}")
+        for rel in template.trees:
+            why = _host_path_problem(base, rel, want_dir=True)
+            if why:
+                add(path, f"tree({rel!r}): {why}")
+    if env is None:
+        return _sorted(problems)
+    for j, name in enumerate(spec.workflow.secrets):
+        if name not in env:
+            add(("secrets", j), f"secret {name} is declared but not set in the environment; "
+                                f"export {name}=... before `stockade run`")
+    for i, step in enumerate(spec.workflow.steps):
+        if step.agent is None:
+            continue
+        provider = step.agent.model.split("/", 1)[0]
+        key_var, url_var = PROVIDER_ENV.get(provider, (f"{provider.upper()}_API_KEY",
+                                                       f"{provider.upper()}_BASE_URL"))
+        if not env.get(key_var) and not env.get(url_var):
+            add(("steps", i, "agent", "model"),
+                f"{step.agent.model} needs {key_var} in the engine's environment (or {url_var} "
+                "for a compatible server that needs no key); the key stays on the host")
+    return _sorted(problems)
+
+
+def check(spec: Spec, base: Path, env: Mapping[str, str] | None) -> None:
+    """Raise a ``UserError`` listing every preflight problem, if there is any."""
+    problems = preflight(spec, base, env)
+    if problems:
+        raise UserError(problems=problems)
+
+
+def _host_path_problem(base: Path, rel: str, *, want_dir: bool) -> str | None:
+    target = base / rel
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        return f"no such {'folder' if want_dir else 'file'} next to the workflow ({target})"
+    except PermissionError:
+        return f"permission denied ({target})"
+    except OSError as exc:
+        return f"{exc.strerror} ({target})"
+    if want_dir and not stat.S_ISDIR(st.st_mode):
+        return f"is not a folder ({target})"
+    if not want_dir and not stat.S_ISREG(st.st_mode):
+        return f"is not a regular file ({target})"
+    return None
+
+
+def _sorted(problems: list[Problem]) -> list[Problem]:
+    out: list[Problem] = []
+    for p in sorted(problems, key=lambda p: (p.line, p.col, p.message)):
+        if p not in out:
+            out.append(p)
+    return out

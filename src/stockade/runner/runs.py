@@ -1,0 +1,163 @@
+"""Finding runs and items by what people type, and telling crashed runs apart.
+
+``resolve_run`` takes ``last``, a full id or a unique prefix of at least 4
+characters; ``resolve_item`` takes ``STEP``, ``STEP/KEY`` or ``STEP/#N``.
+``state`` says ``crashed`` for a ``running`` run whose engine no longer holds
+its lock. ``retention`` picks the runs ``stockade gc`` may delete, never one
+that is running. The CLI and the web UI call these; they hold no I/O of
+their own beyond the store and the run folders.
+
+Must not import the engine or the CLI.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from stockade.errors import UserError
+from stockade.runner.status import RunStatus
+from stockade.store.base import ItemRecord, RunRecord, Store
+from stockade.workspace.layout import RunDir
+from stockade.workspace.runlock import is_held, read_holder
+
+MIN_PREFIX = 4
+
+
+def resolve_run(store: Store, text: str) -> RunRecord:
+    """``last``, an exact id, or a unique prefix (at least 4 characters)."""
+    if not text:
+        raise UserError("no run id given: use a run id, a prefix of one, or 'last'")
+    if text == "last":
+        newest = store.list_runs(1)
+        if not newest:
+            raise UserError("there are no runs yet (see `stockade run`)")
+        return newest[0]
+    exact = store.get_run(text)
+    if exact is not None:
+        return exact
+    if len(text) < MIN_PREFIX:
+        raise UserError(f"no run {text!r}; a prefix needs at least {MIN_PREFIX} characters "
+                        "(see `stockade runs`)")
+    found = store.find_runs(text, limit=11)
+    if not found:
+        raise UserError(f"no run {text!r} (see `stockade runs`)")
+    if len(found) > 1:
+        listed = "\n".join(f"  {r.run_id}  {r.workflow}  {r.status}" for r in found[:10])
+        more = "\n  ..." if len(found) > 10 else ""
+        raise UserError(f"run prefix {text!r} is ambiguous; it matches:\n{listed}{more}")
+    return found[0]
+
+
+def run_path(record: RunRecord) -> Path:
+    return RunDir(Path(record.root), record.run_id).path
+
+
+def state(record: RunRecord) -> RunStatus:
+    """The run's status as a person should read it (``crashed`` is never stored)."""
+    status = RunStatus(record.status) if record.status in RunStatus._value2member_map_ \
+        else RunStatus.ERRORED
+    if status is not RunStatus.RUNNING:
+        return status
+    path = run_path(record)
+    holder = read_holder(path)
+    if not path.exists() or (holder is not None and holder.host != socket.gethostname()):
+        # Run by an engine on another machine (a shared store): its lock is not ours to test.
+        return status
+    return status if is_held(path) else RunStatus.CRASHED
+
+
+@dataclass(frozen=True)
+class ItemAddress:
+    step: str
+    key: str | None = None
+    index: int | None = None
+
+    def __str__(self) -> str:
+        if self.index is not None:
+            return f"{self.step}/#{self.index}"
+        return self.step if self.key is None else f"{self.step}/{self.key}"
+
+
+def parse_item(text: str) -> ItemAddress:
+    step, sep, rest = text.partition("/")
+    if not step:
+        raise UserError(f"{text!r}: expected STEP, STEP/KEY or STEP/#N")
+    if not sep:
+        return ItemAddress(step)
+    if not rest:
+        raise UserError(f"{text!r}: expected STEP/KEY or STEP/#N after the '/'")
+    if rest.startswith("#"):
+        if not rest[1:].isdigit():
+            raise UserError(f"{text!r}: STEP/#N takes a number after '#'")
+        return ItemAddress(step, index=int(rest[1:]))
+    return ItemAddress(step, key=rest)
+
+
+def resolve_item(store: Store, run_id: str, text: str, *, steps: Sequence[str] = ()) -> ItemRecord:
+    """The item ``text`` names in a run; a step alone names its only item."""
+    addr = parse_item(text)
+    items = store.items(run_id, addr.step)
+    if not items:
+        known = ", ".join(steps or sorted({i.step for i in store.items(run_id)})) or "none yet"
+        raise UserError(f"run {run_id} has no step {addr.step!r} with items (steps: {known})")
+    if addr.index is not None:
+        hit = [i for i in items if i.item == addr.index]
+    elif addr.key is not None:
+        hit = [i for i in items if i.label == addr.key]
+        if not hit and addr.key.isdigit():
+            # A number that is no item's key is taken as the item's position.
+            hit = [i for i in items if i.item == int(addr.key)]
+    elif len(items) == 1:
+        hit = items
+    else:
+        keys = ", ".join(i.label for i in items[:10]) + (", ..." if len(items) > 10 else "")
+        raise UserError(f"step {addr.step!r} has {len(items)} items; name one as "
+                        f"{addr.step}/KEY or {addr.step}/#N (keys: {keys})")
+    if not hit:
+        keys = ", ".join(i.label for i in items[:10]) + (", ..." if len(items) > 10 else "")
+        raise UserError(f"run {run_id} has no item {text!r} (keys of {addr.step}: {keys})")
+    return hit[0]
+
+
+def retention(runs: Sequence[RunRecord], *, keep: int | None, older_than: float | None,
+              now: float) -> list[RunRecord]:
+    """Runs ``gc`` deletes: beyond the newest ``keep``, or started before ``now - older_than``.
+
+    A run whose engine is alive is never chosen, whatever its age.
+    """
+    ordered = sorted(runs, key=lambda r: (r.started_at, r.run_id), reverse=True)
+    chosen = []
+    for n, r in enumerate(ordered):
+        old = older_than is not None and r.started_at < now - older_than
+        extra = keep is not None and n >= keep
+        if (old or extra) and state(r) is not RunStatus.RUNNING:
+            chosen.append(r)
+    return chosen
+
+
+def remove_run(store: Store, record: RunRecord) -> None:
+    """Delete a run's folder and its store records; refuse a running run."""
+    if state(record) is RunStatus.RUNNING:
+        raise UserError(f"run {record.run_id} is running; `stockade cancel {record.run_id}` "
+                        "it first")
+    path = run_path(record)
+    if path.exists():
+        shutil.rmtree(path)
+    store.delete_run(record.run_id)
+
+
+def parse_age(text: str) -> float:
+    """``30d``, ``12h``, ``45m``, ``90s`` or a number of seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    t = text.strip().lower()
+    try:
+        if t and t[-1] in units:
+            return float(t[:-1]) * units[t[-1]]
+        return float(t)
+    except ValueError:
+        raise UserError(f"--older-than {text!r}: use a number with s, m, h, d or w "
+                        "(for example 30d)") from None

@@ -1,0 +1,349 @@
+"""Everyday operation through the real CLI: item keys, preflight, crashed runs, run ids,
+retries with backoff, readable failures, on_item_failure, templated leases, notify,
+gc/rm/cancel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from tests.integration.conftest import Project
+
+
+def _wait_for(cond: Any, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met")
+
+
+SAMPLES = """
+name: samples
+steps:
+  - id: align
+    for_each: [{sample: S001, n: 1}, {sample: S002, n: 2}, {sample: S003, n: 3}]
+    key: "{{ item.sample }}"
+    inputs:
+      n.txt: "{{ item.n }}"
+    run: |
+      echo "$STOCKADE_ITEM_KEY" > out/key.txt
+      n=$(cat n.txt); echo $((n * 10)) > out/total.txt
+      echo "aligned $STOCKADE_ITEM_KEY" >&2
+  - id: good
+    needs: [align]
+    for_each: "{{ steps.align.items }}"
+    keep: "{{ item.value.n != 2 }}"
+  - id: report
+    needs: [good]
+    for_each: "{{ steps.good.items }}"
+    inputs:
+      total.txt: "{{ item.outputs['total.txt'] }}"
+    run: cat total.txt
+"""
+
+
+def test_keys_address_items_everywhere_and_survive_a_keep(project: Project) -> None:
+    wf = project.write("wf.yaml", SAMPLES)
+    r = project.run("run", str(wf), "--run-id", "keys1")
+    assert r.code == 0, r.err
+    assert (project.item("keys1", "align", 2) / "work/out/key.txt").read_text() == "S003\n"
+    show = project.run("show", "keys1", "align/S003", "--json")
+    assert show.code == 0, show.err
+    assert show.json()["item"]["key"] == "S003"
+    # The keep dropped S002; the next step's items keep the upstream keys.
+    report = project.run("show", "keys1", "report", "--json").json()
+    assert [i["key"] for i in report["items"]] == ["S001", "S003"]
+    assert project.run("logs", "keys1", "report/S003").out == "30\n"
+    assert project.run("logs", "keys1", "align/S002", "--stderr").out == "aligned S002\n"
+    # STEP/#N is the N-th item.
+    assert project.run("logs", "keys1", "report/#1").out == "30\n"
+    why = project.run("why", "keys1", "report/S003", "--json").json()
+    assert why["key"] == "S003"
+    assert why["inputs"][0]["from"]["key"] == "S003"
+    # why takes the output name as show prints it.
+    assert project.run("why", "keys1", "align/S001", "out/total.txt").code == 0
+    bad = project.run("why", "keys1", "align/S001", "out/nope.txt")
+    assert bad.code == 2 and "out/total.txt" in bad.err and "out/key.txt" in bad.err
+    missing = project.run("show", "keys1", "align/S999")
+    assert missing.code == 2 and "S001" in missing.err
+    keep_logs = project.run("logs", "keys1", "good/S001")
+    assert keep_logs.code == 2 and "keep:" in keep_logs.err and "Traceback" not in keep_logs.err
+
+
+@pytest.mark.parametrize(("body", "where", "needle"), [
+    ("resources: {memory: 512 megs}\n    run: 'true'", "4:", "not a size"),
+    ("publish: {to: 'ftp://x/y', key: k, payload: 1}", "4:", "unknown sink"),
+    ("publish: {to: 'sqlite:///r.db', key: k, payload: 1}", "4:", "?table="),
+    ("inputs: {a: \"{{ file('nope.txt') }}\"}\n    run: 'true'", "4:", "no such file"),
+    ("secrets: [TOKEN_X]\n    run: 'true'", "2:", "TOKEN_X is declared but not set"),
+    ("agent: {model: anthropic/claude-x, prompt: hi}", "4:", "ANTHROPIC_API_KEY"),
+])
+def test_preflight_errors_exit_2_before_any_run_folder(
+    project: Project, body: str, where: str, needle: str
+) -> None:
+    secrets = "secrets: [TOKEN_X]\n" if "TOKEN_X" in body else ""
+    text = f"name: pf\n{secrets}steps:\n  - id: a\n    {body}\n"
+    wf = project.write("wf.yaml", text)
+    env = {k: "" for k in ()}
+    project.env.pop("ANTHROPIC_API_KEY", None)
+    project.env.pop("ANTHROPIC_BASE_URL", None)
+    project.env.pop("TOKEN_X", None)
+    r = project.run("run", str(wf), env=env)
+    assert r.code == 2, r.err
+    assert "Traceback" not in r.err
+    assert needle in r.err
+    line = r.err.strip().splitlines()[0]
+    assert line.startswith(f"{wf}:"), line
+    runs = project.root / "runs"
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_validate_reports_static_preflight_problems_with_positions(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: v
+        steps:
+          - id: a
+            resources: {file_size: lots}
+            run: "true"
+          - id: p
+            publish: {to: "ftp://x", key: k, payload: 1}
+    """)
+    r = project.run("validate", str(wf))
+    assert r.code == 2
+    lines = r.err.strip().splitlines()
+    assert any(line.startswith(f"{wf}:5:") and "not a size" in line for line in lines), r.err
+    assert any(line.startswith(f"{wf}:8:") and "unknown sink" in line for line in lines), r.err
+
+
+def test_empty_run_id_is_an_error(project: Project) -> None:
+    wf = project.write("wf.yaml", "name: e\nsteps:\n  - id: a\n    run: 'true'\n")
+    r = project.run("run", str(wf), "--run-id", "")
+    assert r.code == 2 and "empty run id" in r.err
+
+
+def test_a_killed_engine_shows_crashed_with_the_resume_command(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: crashy
+        steps:
+          - id: slow
+            run: sleep 300
+    """)
+    p = project.popen("run", str(wf), "--run-id", "cr1")
+    _wait_for(lambda: (project.item("cr1", "slow", 0) / "meta/attempts/1/stdout").exists())
+    # While it runs it is running, not crashed.
+    assert project.run("runs", "--json").json()[0]["status"] == "running"
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    runs = project.run("runs")
+    assert "crashed" in runs.out and "stockade resume cr1" in runs.out
+    show = project.run("show", "cr1")
+    assert "crashed" in show.out and "stockade resume cr1" in show.out
+    assert project.run("show", "cr1", "--json").json()["run"]["status"] == "crashed"
+
+
+def test_last_prefixes_and_ambiguous_prefixes(project: Project) -> None:
+    wf = project.write("wf.yaml", "name: ids\nsteps:\n  - id: a\n    run: echo hi\n")
+    for rid in ("abcd-one", "abcd-two", "xyz-three"):
+        assert project.run("run", str(wf), "--run-id", rid).code == 0
+    assert project.run("show", "last", "--json").json()["run"]["run_id"] == "xyz-three"
+    assert project.run("logs", "xyz-", "a").out == "hi\n"
+    amb = project.run("show", "abcd")
+    assert amb.code == 2 and "abcd-one" in amb.err and "abcd-two" in amb.err
+    assert project.run("show", "abcd-t", "--json").json()["run"]["run_id"] == "abcd-two"
+    short = project.run("show", "abc")
+    assert short.code == 2 and "at least 4" in short.err
+
+
+def test_retries_back_off_and_show_in_the_summary(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: flaky
+        steps:
+          - id: f
+            retries: 2
+            retry_delay: 0.5
+            run: |
+              if [ "$STOCKADE_ATTEMPT" -lt 3 ]; then echo "try $STOCKADE_ATTEMPT" >&2; exit 3; fi
+              echo ok
+    """)
+    r = project.run("run", str(wf), "--run-id", "rb1")
+    assert r.code == 0, r.err
+    assert "2 retries" in r.err
+    assert "retry in" in r.err
+    attempts = project.run("show", "rb1", "f", "--json").json()["attempts"]
+    starts = [a["started_at"] for a in attempts]
+    ends = [a["ended_at"] for a in attempts]
+    # The waits grow: about 0.5 s, then about 1 s (+-20%).
+    assert starts[1] - ends[0] >= 0.4
+    assert starts[2] - ends[1] >= 0.8
+    shown = project.run("show", "rb1")
+    assert "2 retries" in shown.out
+
+
+def test_a_limit_kill_names_the_limit_and_the_failure_shows_stderr(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: limits
+        steps:
+          - id: big
+            resources: {file_size: 1M}
+            run: echo "writing now" >&2; head -c 5000000 /dev/zero > out/big.bin
+    """)
+    r = project.run("run", str(wf), "--run-id", "lim1")
+    assert r.code == 1
+    assert "exceeded file_size 1M" in r.err
+    assert "writing now" in r.err
+    assert "stockade logs lim1 big/0 --stderr" in r.err
+    item = project.run("show", "lim1", "big", "--json").json()
+    assert "exceeded file_size 1M" in item["item"]["message"]
+
+
+def test_on_item_failure_continue_runs_the_join_on_the_good_items(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: cont
+        steps:
+          - id: each
+            for_each: [a, b, dead, c]
+            on_item_failure: continue
+            inputs: {name.txt: "{{ item }}"}
+            run: |
+              if [ "$(cat name.txt)" = dead ]; then exit 1; fi
+              cat name.txt
+          - id: join
+            needs: [each]
+            inputs: {all.json: "{{ steps.each.result }}"}
+            run: cat all.json
+    """)
+    r = project.run("run", str(wf), "--run-id", "cont1")
+    assert r.code == 1
+    assert json.loads(project.run("logs", "cont1", "join").out) == ["a", "b", "c"]
+    show = project.run("show", "cont1", "--json").json()
+    steps = {s["id"]: s for s in show["steps"]}
+    assert steps["join"]["counts"] == {"succeeded": 1}
+    assert steps["each"]["counts"] == {"succeeded": 3, "failed": 1}
+
+
+def test_templated_leases_let_parallel_backfills_both_publish(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: backfill
+        vars: {day: "2026-01-01"}
+        steps:
+          - id: make
+            run: sleep 1; echo "{{ vars.day }}"
+          - id: pub
+            needs: [make]
+            publish:
+              to: sqlite:///out.db?table=daily
+              key: "{{ vars.day }}"
+              payload: "{{ steps.make.result }}"
+              lease: "backfill-{{ vars.day }}"
+    """)
+    a = project.popen("run", str(wf), "--var", "day=2026-01-01")
+    time.sleep(0.5)
+    b = project.popen("run", str(wf), "--var", "day=2026-01-02")
+    assert b.wait(120) == 0, b.communicate()[1]
+    assert a.wait(120) == 0, a.communicate()[1]
+    rows = sqlite3.connect(project.path / "out.db").execute(
+        "SELECT key, payload FROM daily ORDER BY key").fetchall()
+    assert rows == [("2026-01-01", '"2026-01-01"'), ("2026-01-02", '"2026-01-02"')]
+
+
+class _Hook(BaseHTTPRequestHandler):
+    received: ClassVar[list[tuple[dict[str, str], Any]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).received.append((dict(self.headers), json.loads(body)))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_notify_posts_once_with_the_failed_items(project: Project) -> None:
+    _Hook.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+        wf = project.write("wf.yaml", f"""
+            name: notified
+            secrets: [HOOK_TOKEN]
+            notify:
+              - url: {url}
+                on: [failed]
+                secret: HOOK_TOKEN
+              - url: {url}
+                on: [succeeded]
+            steps:
+              - id: each
+                for_each: [ok, bad]
+                inputs: {{n.txt: "{{{{ item }}}}"}}
+                run: test "$(cat n.txt)" = ok
+        """)
+        r = project.run("run", str(wf), "--run-id", "nt1", env={"HOOK_TOKEN": "tok-secret-123"})
+        assert r.code == 1
+    finally:
+        server.shutdown()
+    assert len(_Hook.received) == 1
+    headers, body = _Hook.received[0]
+    assert headers["Authorization"] == "Bearer tok-secret-123"
+    assert body["status"] == "failed" and body["run_id"] == "nt1"
+    assert body["failed"] == [{"step": "each", "key": "bad", "status": "failed",
+                               "message": "exit status 1"}]
+    assert isinstance(body["duration"], float)
+
+
+def test_gc_rm_and_cancel_never_touch_a_running_run(project: Project) -> None:
+    wf = project.write("wf.yaml", "name: g\nsteps:\n  - id: a\n    run: echo hi\n")
+    slow = project.write("slow.yaml", "name: s\nsteps:\n  - id: a\n    run: sleep 300\n")
+    for rid in ("old-1", "old-2", "old-3"):
+        assert project.run("run", str(wf), "--run-id", rid).code == 0
+    p = project.popen("run", str(slow), "--run-id", "live-1")
+    _wait_for(lambda: (project.item("live-1", "a", 0) / "meta/attempts/1/stdout").exists())
+    dry = project.run("gc", "--keep", "0", "--dry-run")
+    assert dry.code == 0 and "old-1" in dry.out and "live-1" not in dry.out
+    assert (project.root / "runs/old-1").exists()
+    refused = project.run("rm", "live-1")
+    assert refused.code == 2 and "running" in refused.err
+    gc = project.run("gc", "--keep", "1")
+    assert gc.code == 0
+    assert not (project.root / "runs/old-1").exists()
+    assert not (project.root / "runs/old-2").exists()
+    assert (project.root / "runs/live-1").exists()
+    cancel = project.run("cancel", "live-1")
+    assert cancel.code == 0, cancel.err
+    assert p.wait(60) == 130
+    runs = {r["run_id"]: r["status"] for r in project.run("runs", "--json").json()}
+    assert runs["live-1"] == "interrupted"
+    assert "old-1" not in runs
+    assert project.run("rm", "live-1").code == 0
+    assert not (project.root / "runs/live-1").exists()
+    assert "live-1" not in {r["run_id"] for r in project.run("runs", "--json").json()}
+
+
+def test_ui_refuses_a_taken_port_and_a_missing_root(project: Project, tmp_path: Path) -> None:
+    import socket
+
+    r = project.run("ui", "--root", str(tmp_path / "nowhere"))
+    assert r.code == 2 and "no runs under" in r.err
+    assert not (tmp_path / "nowhere").exists()
+    wf = project.write("wf.yaml", "name: u\nsteps:\n  - id: a\n    run: 'true'\n")
+    assert project.run("run", str(wf)).code == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        taken = project.run("ui", "--port", str(port))
+    assert taken.code == 2 and "in use" in taken.err and "Traceback" not in taken.err
