@@ -203,7 +203,7 @@ def test_the_rule_reader_catches_a_breach(tmp_path: Path) -> None:
     """Positive control: a module that breaks its own rule is caught."""
     bad = tmp_path / "probe.py"
     bad.write_text("from stockade.cli import main\n")
-    with pytest.raises(AssertionError, match="must not import stockade.cli"):
+    with pytest.raises(AssertionError, match=r"must not import stockade\.cli"):
         check(bad, "Probe. Must not import the CLI.")
     with pytest.raises(AssertionError, match="imports nothing of stockade"):
         check(bad, "Probe. Imports nothing of stockade but ``stockade.errors``.")

@@ -9,18 +9,31 @@ Must not import the engine or the sandbox backends.
 
 from __future__ import annotations
 
-import json
 import os
+import signal
 import sys
-import time
-from collections.abc import Callable
-from functools import wraps
-from pathlib import Path
-from typing import Any, ClassVar, TypeVar
 
-import click
 
-from stockade.errors import StaleOutput, StockadeError, TamperedArtifact, UserError
+def _quiet_interrupt(signum: int, frame: object) -> None:
+    raise SystemExit(130)
+
+
+# Ctrl-C while the command line is still importing ends it as an interrupt
+# (130), without a traceback; ``main`` hands SIGINT back to Python once the
+# commands, which translate KeyboardInterrupt themselves, are loaded.
+if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "stockade":
+    signal.signal(signal.SIGINT, _quiet_interrupt)
+
+import json  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from functools import wraps  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, ClassVar, TypeVar  # noqa: E402
+
+import click  # noqa: E402
+
+from stockade.errors import StaleOutput, StockadeError, TamperedArtifact, UserError  # noqa: E402
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -275,6 +288,7 @@ def schema() -> None:
 
 
 def main() -> None:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     cli(prog_name="stockade")
 
 

@@ -295,6 +295,11 @@ class Engine:
                         raise UserError(f"{self._locate(sid, 'key')}: {error_message(exc)}") \
                             from exc
             keys = item_keys(values, explicit)
+            if any(self.ctx.masker.text(k) != k for k in keys):
+                # Keys are recorded and shown everywhere: one holding a secret would leak it.
+                raise UserError(f"{self._locate(sid, 'key' if explicit else 'for_each')}: an "
+                                "item key contains a secret value; give the step a key: that "
+                                "does not")
             dupes = sorted({k for k in keys if keys.count(k) > 1}) if len(set(keys)) < len(keys) \
                 else []
             if dupes:

@@ -224,55 +224,36 @@ def _check_id(run_id: str | None, new_id: Callable[[], str]) -> str:
     return check_run_id(run_id)
 
 
-def start_run(
-    workflow_path: Path,
-    opts: RunOptions,
-    reporter: Reporter,
-    *,
-    env: Mapping[str, str] | None = None,
-    clock: Callable[[], float] = time.time,
-    new_id: Callable[[], str] = uuid7,
-    on_start: Callable[[str, Path, SandboxChoice], None] | None = None,
-    interactive: bool = False,
-) -> RunResult:
-    env = dict(os.environ if env is None else env)
-    spec = load_spec(workflow_path)
-    plan = build_plan(spec)
-    values = apply_overrides(spec, opts.overrides)
-    run_id = _check_id(opts.run_id, new_id)
-    base = workflow_path.resolve().parent
-    preflight.check(spec, base, env)
-    files, trees = fingerprint_inputs(spec, base)
-    choice = choose_sandbox(opts.sandbox, env)
-    if (spec.workflow.sandbox.require or opts.require_sandbox) and not choice.enforced:
-        raise UserError(
-            f"this run requires an enforced sandbox, but the active backend is "
-            f"{choice.backend.name!r} ({choice.line}); install bubblewrap "
-            "(apt-get install bubblewrap) or run `stockade doctor` to see why"
-        )
-    root = opts.root.resolve()
-    run = RunDir(root, run_id)
-    if run.path.exists():
-        raise UserError(f"run id {run_id!r} is taken: {run.path} exists; run ids are never reused")
-    store = open_run_store(root, opts.store_url, env)
-    started = clock()
-    try:
-        store.create_run(RunRecord(
-            run_id=run_id, workflow=spec.workflow.name, workflow_path=str(workflow_path.resolve()),
-            workflow_sha256=spec.sha256, root=str(root), status=RunStatus.RUNNING,
-            started_at=started, sandbox=choice.backend.name, enforced=choice.enforced,
-        ))
-    except RunExists:
-        store.close()
-        raise UserError(f"run id {run_id!r} is taken in the run store (another root shares it); "
-                        "run ids are never reused") from None
-    try:
-        run.create()
-    except BaseException:
-        store.delete_run(run_id)
-        store.close()
-        raise
-    manifest = {
+@dataclass
+class Prepared:
+    """A checked workflow bound to this machine, ready to execute as one run."""
+
+    spec: Spec
+    plan: Plan
+    run: RunDir
+    store: Store
+    sandbox: SandboxChoice
+    values: dict[str, Any]
+    files: dict[str, HostFile]
+    trees: dict[str, HostTree]
+    env: dict[str, str]
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """How the caller follows a run: progress, the start line, the clock, a terminal."""
+
+    reporter: Reporter
+    on_start: Callable[[str, Path, SandboxChoice], None] | None = None
+    clock: Callable[[], float] = time.time
+    interactive: bool = False
+
+
+def _manifest(spec: Spec, plan: Plan, run_id: str, started: float, values: dict[str, Any],
+              files: Mapping[str, HostFile], trees: Mapping[str, HostTree],
+              choice: SandboxChoice, opts: RunOptions, workflow_path: Path) -> dict[str, Any]:
+    return {
         "run_id": run_id,
         "started_at": started,
         "workflow": {"name": spec.workflow.name, "path": str(workflow_path.resolve()),
@@ -295,12 +276,76 @@ def start_run(
                     "limitations": list(choice.limitations)},
         "jobs": opts.jobs or available_cpus(),
     }
-    write_json(run.manifest, secret_masker(spec, env).value(manifest))
-    store.add_event(Event(run_id, started, "run_started", {"sandbox": choice.line}))
-    if on_start:
-        on_start(run_id, run.path, choice)
-    return _execute(spec, plan, run, store, choice, values, files, trees, opts, reporter, env,
-                    clock, interactive, resume=False, manifest=manifest)
+
+
+def start_run(
+    workflow_path: Path,
+    opts: RunOptions,
+    reporter: Reporter,
+    *,
+    env: Mapping[str, str] | None = None,
+    clock: Callable[[], float] = time.time,
+    new_id: Callable[[], str] = uuid7,
+    on_start: Callable[[str, Path, SandboxChoice], None] | None = None,
+    interactive: bool = False,
+) -> RunResult:
+    """Check everything, then create the run (store record, folder, manifest) and execute it."""
+    env = dict(os.environ if env is None else env)
+    hooks = Hooks(reporter, on_start, clock, interactive)
+    spec = load_spec(workflow_path)
+    plan = build_plan(spec)
+    values = apply_overrides(spec, opts.overrides)
+    run_id = _check_id(opts.run_id, new_id)
+    base = workflow_path.resolve().parent
+    preflight.check(spec, base, env)
+    files, trees = fingerprint_inputs(spec, base)
+    choice = choose_sandbox(opts.sandbox, env)
+    if (spec.workflow.sandbox.require or opts.require_sandbox) and not choice.enforced:
+        raise UserError(
+            f"this run requires an enforced sandbox, but the active backend is "
+            f"{choice.backend.name!r} ({choice.line}); install bubblewrap "
+            "(apt-get install bubblewrap) or run `stockade doctor` to see why"
+        )
+    run = RunDir(opts.root.resolve(), run_id)
+    if run.path.exists():
+        raise UserError(f"run id {run_id!r} is taken: {run.path} exists; run ids are never reused")
+    store = open_run_store(run.root, opts.store_url, env)
+    started = clock()
+    manifest = _manifest(spec, plan, run_id, started, values, files, trees, choice, opts,
+                         workflow_path)
+    prepared = Prepared(spec, plan, run, store, choice, values, files, trees, env, manifest)
+    interrupts = _Interrupts()
+    # From here on an interrupt ends the run as interrupted, never half-created.
+    with _signals_to(interrupts):
+        _create(prepared, workflow_path)
+        if on_start:
+            on_start(run_id, run.path, choice)
+        return _execute(prepared, opts, hooks, resume=False, interrupts=interrupts)
+
+
+def _create(p: Prepared, workflow_path: Path) -> None:
+    """The store record first (it decides whether the id is taken), then the folder."""
+    run_id, m = p.run.run_id, p.manifest
+    try:
+        p.store.create_run(RunRecord(
+            run_id=run_id, workflow=p.spec.workflow.name,
+            workflow_path=str(workflow_path.resolve()), workflow_sha256=p.spec.sha256,
+            root=str(p.run.root), status=RunStatus.RUNNING, started_at=float(m["started_at"]),
+            sandbox=p.sandbox.backend.name, enforced=p.sandbox.enforced,
+        ))
+    except RunExists:
+        p.store.close()
+        raise UserError(f"run id {run_id!r} is taken in the run store (another root shares it); "
+                        "run ids are never reused") from None
+    try:
+        p.run.create()
+    except BaseException:
+        p.store.delete_run(run_id)
+        p.store.close()
+        raise
+    write_json(p.run.manifest, secret_masker(p.spec, p.env).value(m))
+    p.store.add_event(Event(run_id, float(m["started_at"]), "run_started",
+                            {"sandbox": p.sandbox.line}))
 
 
 def resume_run(
@@ -313,7 +358,9 @@ def resume_run(
     on_start: Callable[[str, Path, SandboxChoice], None] | None = None,
     interactive: bool = False,
 ) -> RunResult:
+    """Continue a run: verified items are kept, the rest run again in fresh attempts."""
     env = dict(os.environ if env is None else env)
+    hooks = Hooks(reporter, on_start, clock, interactive)
     check_run_id(run_id)
     root = opts.root.resolve()
     run = RunDir(root, run_id)
@@ -346,22 +393,22 @@ def resume_run(
     choice = choose_sandbox(opts.sandbox or manifest["sandbox"]["backend"], env)
     if spec.workflow.sandbox.require and not choice.enforced:
         raise UserError(f"this run requires an enforced sandbox, but {choice.line}")
-    store.update_run(run_id, status=RunStatus.RUNNING, ended_at=None)
-    store.add_event(Event(run_id, clock(), "run_resumed", {"sandbox": choice.line}))
-    if on_start:
-        on_start(run_id, run.path, choice)
-    return _execute(spec, plan, run, store, choice, values, files, trees, opts, reporter, env,
-                    clock, interactive, resume=True, manifest=manifest)
+    prepared = Prepared(spec, plan, run, store, choice, values, files, trees, env, manifest)
+    interrupts = _Interrupts()
+    with _signals_to(interrupts):
+        store.update_run(run_id, status=RunStatus.RUNNING, ended_at=None)
+        store.add_event(Event(run_id, clock(), "run_resumed", {"sandbox": choice.line}))
+        if on_start:
+            on_start(run_id, run.path, choice)
+        return _execute(prepared, opts, hooks, resume=True, interrupts=interrupts)
 
 
-def _execute(
-    spec: Spec, plan: Plan, run: RunDir, store: Store, choice: SandboxChoice,
-    values: dict[str, Any], files: dict[str, HostFile], trees: dict[str, HostTree],
-    opts: RunOptions, reporter: Reporter, env: dict[str, str], clock: Callable[[], float],
-    interactive: bool, *, resume: bool, manifest: dict[str, Any],
-) -> RunResult:
+def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
+             interrupts: _Interrupts) -> RunResult:
+    """Run the engine under the engine lock (the caller installed the signal handling)."""
     from stockade.sandbox.none import NoneBackend
 
+    spec, run, store, clock = p.spec, p.run, p.store, hooks.clock
     base = Path(spec.filename).resolve().parent
     index = {s.id: i for i, s in enumerate(spec.workflow.steps)}
 
@@ -369,45 +416,43 @@ def _execute(
         line, col = spec.position("steps", index[step], *path)
         return f"{spec.filename}:{line}:{col}"
 
-    masker = secret_masker(spec, env)
+    masker = secret_masker(spec, p.env)
     context = RunContext(
-        run_id=run.run_id, workflow=spec.workflow.name, backend=choice.backend,
-        none_backend=NoneBackend(), enforced=choice.enforced, host_env=env,
+        run_id=run.run_id, workflow=spec.workflow.name, backend=p.sandbox.backend,
+        none_backend=NoneBackend(), enforced=p.sandbox.enforced, host_env=p.env,
         secrets_allowed=frozenset(spec.workflow.secrets), clock=clock,
-        functions=template_functions(base, files, trees), echo=reporter.echo,
-        interactive=interactive, jails=Jails(), store=store,
+        functions=template_functions(base, p.files, p.trees), echo=hooks.reporter.echo,
+        interactive=hooks.interactive, jails=Jails(), store=store,
         publish=PublishSettings(
-            run_started_at=float(manifest["started_at"]),
-            input_fingerprint=str(manifest.get("input_fingerprint", "")),
-            allow_stale=opts.allow_stale, base_dir=base, vars=values,
+            run_started_at=float(p.manifest["started_at"]),
+            input_fingerprint=str(p.manifest.get("input_fingerprint", "")),
+            allow_stale=opts.allow_stale, base_dir=base, vars=p.values,
         ),
         masker=masker, locate=locate,
     )
     executor = LocalExecutor(opts.jobs or available_cpus())
-    interrupts = _Interrupts()
     lock = RunLock(run.path)
-    started = clock()
+    started = float(p.manifest["started_at"])
     try:
-        with _signals_to(interrupts):
-            lock.acquire()
-            engine = Engine(spec=spec, plan=plan, run=run, context=context, executor=executor,
-                            vars=values, reporter=reporter, resume=resume)
-            interrupts.attach(engine.interrupt)
-            try:
-                summary = engine.execute()
-            finally:
-                executor.close()
-                choice.backend.close()
-            ended = clock()
-            store.update_run(run.run_id, status=summary.status, ended_at=ended)
-            store.add_event(Event(run.run_id, ended, "run_finished",
-                                  {"status": str(summary.status)}))
-            if spec.workflow.notify:
-                from stockade.runner.notify import notify_all
+        lock.acquire()
+        engine = Engine(spec=spec, plan=p.plan, run=run, context=context, executor=executor,
+                        vars=p.values, reporter=hooks.reporter, resume=resume)
+        interrupts.attach(engine.interrupt)
+        try:
+            summary = engine.execute()
+        finally:
+            executor.close()
+            p.sandbox.backend.close()
+        ended = clock()
+        store.update_run(run.run_id, status=summary.status, ended_at=ended)
+        store.add_event(Event(run.run_id, ended, "run_finished",
+                              {"status": str(summary.status)}))
+        if spec.workflow.notify:
+            from stockade.runner.notify import notify_all
 
-                notify_all(spec, run.run_id, summary, started, ended, env, store, reporter.echo,
-                           masker)
+            notify_all(spec, run.run_id, summary, started, ended, p.env, store,
+                       hooks.reporter.echo, masker)
     finally:
         lock.release()
         store.close()
-    return RunResult(run.run_id, run.path, summary, choice, started, ended)
+    return RunResult(run.run_id, run.path, summary, p.sandbox, started, ended)

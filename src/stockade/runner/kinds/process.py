@@ -13,8 +13,10 @@ Runs on an executor's worker thread. Must not import the engine or the CLI.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
+import shutil
 import signal
 import threading
 from collections.abc import Callable
@@ -306,6 +308,25 @@ def missing_outputs(step: Step, outputs: list[Output]) -> list[str]:
     return [p for p in step.outputs if not any(fnmatch.fnmatchcase(n, p) for n in names)]
 
 
+def remove_secret_names(out: Path, names: list[str], masker: Masker) -> int:
+    """Remove the first entry of each path whose name holds a secret; return how many."""
+    gone = set()
+    for name in names:
+        parts = name.split("/")
+        for depth in range(len(parts)):
+            if masker.text(parts[depth]) != parts[depth]:
+                gone.add("/".join(parts[: depth + 1]))
+                break
+    for rel in sorted(gone):
+        target = out / rel
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                target.unlink()
+    return len(gone)
+
+
 def finish(attempt: Attempt, started: float, code: int | None, timed_out: bool) -> Outcome:
     """The outcome of a finished process: outputs collected, or why it failed."""
     n, step, meta = attempt.number, attempt.step, attempt.meta
@@ -337,9 +358,14 @@ def finish(attempt: Attempt, started: float, code: int | None, timed_out: bool) 
                                + ", ".join(f"out/{m}" for m in missing))
     unsafe = [o.name for o in outputs if attempt.run.masker.text(o.name) != o.name]
     if unsafe:
+        # A name is recorded everywhere (store, provenance, show, the UI), so a
+        # secret in one would leak; the entries are removed from the run tree.
+        removed = remove_secret_names(attempt.dirs.out, unsafe, attempt.run.masker)
         return Outcome(AttemptStatus.FAILED, n, exit_code=code, started_at=started,
                        retryable=False,
-                       message=f"{len(unsafe)} output name(s) contain a secret value; refused")
+                       message=f"{len(unsafe)} output name(s) contain a secret value; refused "
+                               f"and removed {removed} entr{'y' if removed == 1 else 'ies'} "
+                               "from out/")
     return Outcome(AttemptStatus.SUCCEEDED, n, result=read_result(meta), outputs=outputs,
                    exit_code=0, started_at=started)
 
