@@ -16,7 +16,7 @@ from stockade.expr import compile_template, render, render_value
 from stockade.publish import PublishRequest, publish
 from stockade.runner.item import ITEM_ERRORS, AttemptOutcome, error_message, located
 from stockade.spec.model import Step
-from stockade.workspace.artifacts import to_json_value
+from stockade.workspace.artifacts import payload_value
 from stockade.workspace.layout import ItemDir, write_json
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def publish_item(
         with located(ac, step.id, "publish", "key"):
             key = str(render(compile_template(cfg.key), tctx, functions=fns))
         with located(ac, step.id, "publish", "payload"):
-            payload = to_json_value(render_value(cfg.payload, tctx, functions=fns))
+            payload = payload_value(render_value(cfg.payload, tctx, functions=fns))
     except ITEM_ERRORS as exc:
         return AttemptOutcome("errored", n, message=error_message(exc),
                               started_at=started, ended_at=ac.clock(), retryable=False)
@@ -70,5 +70,5 @@ def publish_item(
     })
     return AttemptOutcome(
         out.status, n, result={"key": key, "token": out.token}, message=out.message,
-        started_at=started, ended_at=ac.clock(), retryable=out.status == "failed",
+        started_at=started, ended_at=ac.clock(), retryable=out.status == "failed" and out.retryable,
     )

@@ -204,6 +204,8 @@ def start_run(
             **{f"tree:{k}": v.sha256 for k, v in trees.items()},
         },
         "input_fingerprint": input_fingerprint(values, files, trees),
+        "input_refused": {f"tree:{k}": [{"path": p, "why": w} for p, w in v.refused]
+                          for k, v in trees.items() if v.refused},
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
                  "python": sys.version.split()[0]},
         "engine": {"name": "stockade", "version": __version__},
@@ -282,6 +284,9 @@ def _execute(
     from stockade.sandbox.none import NoneBackend
 
     base = Path(spec.filename).resolve().parent
+    for tree in trees.values():
+        if (refused := tree.refusal_message()) is not None:
+            reporter.echo(f"warning: {refused}")
     ac = AttemptContext(
         run_id=run.run_id, backend=choice.backend, enforced=choice.enforced,
         host_env=env, secrets_allowed=frozenset(spec.workflow.secrets), clock=clock,
