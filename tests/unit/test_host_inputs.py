@@ -178,6 +178,16 @@ def test_tracked_symlinks_and_submodules_are_refused_from_the_index(c: Checkout)
     assert [p for p, _ in t.files] == ["cfg/settings.txt", "docs/readme.txt", "top.txt"]
 
 
+def test_a_tracked_name_that_is_not_utf8_is_refused_and_shown_escaped(c: Checkout) -> None:
+    with open(os.fsencode(c.co) + b"/bad\xff.txt", "wb") as f:
+        f.write(b"x")
+    git(c.co, "add", ".")
+    c.commit()
+    t = c.tree()
+    assert t.refused == (("bad\\xff.txt", "its name is not UTF-8"),)
+    json.dumps(t.refused, ensure_ascii=False).encode()  # records can hold it
+
+
 def test_a_swap_between_listing_and_opening_is_refused(c: Checkout) -> None:
     seen: list[str] = []
 
@@ -332,6 +342,9 @@ def test_materialise_never_writes_through_a_link_planted_in_work(c: Checkout, tm
         with pytest.raises(UserError, match="planted is a symlink, not a folder"):
             materialise(work, "planted/x", value, "r")
     assert sorted(p.name for p in c.vault.iterdir()) == before
+    (work / "plain").write_text("a file")
+    with pytest.raises(UserError, match="plain is a regular file, not a folder"):
+        materialise(work, "plain/x", "text", "r")
     (work / "exists").write_text("old")
     with pytest.raises(UserError, match="exists already exists"):
         materialise(work, "exists", "new", "r")

@@ -69,7 +69,9 @@ def _kind(mode: int) -> str:
         return "a device"
     if stat.S_ISSOCK(mode):
         return "a socket"
-    return "not a regular file"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return "of an unknown kind"
 
 
 def _why_not_opened(dir_fd: int, name: str, shown: str, exc: OSError, want: str) -> str:

@@ -193,8 +193,10 @@ GIT_OVERRIDES = (
     "core.untrackedCache=false",
 )
 
+NOT_UTF8 = "not-utf-8"
 #: Index modes (``git ls-files --stage``) that are never copied, and why.
-_NOT_FILES = {"120000": "tracked symlink", "160000": "submodule; its files are not copied"}
+_NOT_FILES = {"120000": "tracked symlink", "160000": "submodule; its files are not copied",
+              NOT_UTF8: "its name is not UTF-8"}
 
 
 def git_env() -> dict[str, str]:
@@ -238,11 +240,16 @@ def tracked_paths(root_fd: int, rel: str) -> list[tuple[str, str]]:
                 "checkout's owner, or give the checkout to this user (chown -R)") from None
         raise UserError(f"tree({rel!r}): not a git checkout: {err}") from None
     entries: dict[str, str] = {}
-    for record in listed.decode("utf-8", errors="surrogateescape").split("\0"):
+    for record in listed.split(b"\0"):
         if not record:
             continue
-        meta, _, path = record.partition("\t")
-        entries.setdefault(path, meta.split(" ", 1)[0])  # a conflict lists a path per stage
+        meta, _, raw = record.partition(b"\t")
+        try:
+            path, mode = raw.decode("utf-8"), meta.split(b" ", 1)[0].decode("ascii")
+        except UnicodeDecodeError:
+            # Records and messages are UTF-8 JSON; such a name cannot be shown as it is.
+            path, mode = raw.decode("utf-8", errors="backslashreplace"), NOT_UTF8
+        entries.setdefault(path, mode)  # a conflict lists a path once per stage
     return sorted(entries.items())
 
 
