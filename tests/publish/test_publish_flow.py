@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,7 @@ from stockade.publish import FLAT_SERIES_EVENT, LEASE_WAIT_EVENT, PublishRequest
 from stockade.publish.sink import Write
 from stockade.publish.sql import SQLiteSink
 from stockade.store import ArtifactRecord, Effect, ItemRecord, RunRecord, Store, open_store
+from tests.publish.legacy_provenance import legacy_check_provenance
 
 NOW = 2_000_000_000.0
 DAY = 86400.0
@@ -170,31 +173,76 @@ def test_run_window(store: Store, tmp_path: Path, age: float, allow_stale: bool,
         assert not (tmp_path / "sink" / "reports.db").exists()
 
 
-def art(run: str, sha: str = "ab" * 32) -> dict[str, Any]:
-    return {"$artifact": {"run_id": run, "step": "analyse", "item": 2, "attempt": 1,
-                          "name": "report.md", "sha256": sha, "size": 5}, "text": "hello"}
+TEXT = "hello"
+SHA = hashlib.sha256(TEXT.encode()).hexdigest()
+
+
+def art(run: str, sha: str = SHA, text: str = TEXT, **meta: Any) -> dict[str, Any]:
+    """An artifact reference in the engine's form (``Artifact.__stockade_json__``)."""
+    ref = {"run_id": run, "step": "analyse", "item": 2, "attempt": 1, "name": "report.md",
+           "sha256": sha, "size": len(text.encode())} | meta
+    return {"$artifact": ref, "text": text}
+
+
+def record_report(store: Store, run: str) -> None:
+    """Run ``run`` made analyse/2:out/report.md holding ``TEXT``."""
+    store.create_run(RunRecord(run, "wf", "wf.yaml", "0" * 64, "/r", "running", NOW - 60))
+    store.complete_item(ItemRecord(run, "analyse", 2, "succeeded", 1),
+                        [ArtifactRecord(run, "analyse", 2, 1, "report.md", SHA, len(TEXT))])
 
 
 @pytest.mark.parametrize(
     ("payload", "refused"),
     [
         (art("A"), None),
+        ({"report": art("A"), "rows": [1, 2]}, None),
+        ({"report": {"$artifact": art("A")["$artifact"]}}, None),   # no text: a big or binary file
         ([art("A"), {"nested": [art("OLD")]}], "from run OLD"),
         ({"report": art("OLD")}, "from run OLD"),
-        ({"report": art("A", sha="cd" * 32)}, "recorded " + "ab" * 32),
+        # The issue's forgeries: this run's id and a real hash, with other text ...
+        ({"report": art("A", text="forged")}, "its text is not the artifact's content"),
+        ({"report": art("A", text="forged", size=5)}, "its text is not the artifact's content"),
+        # ... a step that does not exist ...
+        ({"report": art("A", step="ghost")}, "no step 'ghost'"),
+        # ... an output, item, attempt, sha256 or size the run never recorded.
+        ({"report": art("A", name="other.md")}, "recorded no output 'other.md' of analyse/2"),
+        ({"report": art("A", item=3)}, "recorded no output 'report.md' of analyse/3"),
+        ({"report": art("A", attempt=2)}, "has attempt 2, but run A recorded 1"),
+        ({"report": {"$artifact": art("A", sha="cd" * 32)["$artifact"]}},
+         "has sha256 " + "cd" * 32 + ", but run A recorded"),
+        ({"report": {"$artifact": art("A", size=9)["$artifact"]}}, "has size 9, but run A recorded 5"),
+        # Not the engine's shape.
         ({"$artifact": {"step": "x"}}, "from run None"),
+        ({"$artifact": "not a dict"}, "its '$artifact' is not an object"),
+        ({"x": art("A") | {"note": "trust me"}}, "keys an artifact reference does not have ('note')"),
+        ({"x": {"$artifact": art("A")["$artifact"] | {"extra": 1}}}, "does not have exactly the fields"),
+        ({"x": {"$artifact": art("A")["$artifact"] | {"item": "2"}}}, "its 'item' is not an integer"),
+        ({"x": {"$artifact": art("A")["$artifact"] | {"item": True}}}, "its 'item' is not an integer"),
+        ({"x": art("A") | {"text": 5}}, "its text is not a string"),
     ],
 )
 def test_payload_provenance(store: Store, tmp_path: Path, payload: Any, refused: str | None) -> None:
-    store.create_run(RunRecord("A", "wf", "wf.yaml", "0" * 64, "/r", "running", NOW - 60))
-    store.complete_item(ItemRecord("A", "analyse", 2, "succeeded", 1),
-                        [ArtifactRecord("A", "analyse", 2, 1, "report.md", "ab" * 32, 5)])
+    record_report(store, "A")
     out = publish(req(tmp_path, payload=payload), store, clock=clock)
     if refused is None:
-        assert out.status == "succeeded"
+        assert out.status == "succeeded", out.message
+        assert [json.loads(r[1]) for r in table(tmp_path)] == [payload]
     else:
-        assert out.status == "failed" and "refused" in out.message and refused in out.message
+        assert out.status == "failed" and "refused" in out.message and refused in out.message, out.message
+        assert not out.retryable  # the payload is wrong: another attempt would only repeat it
         assert not (tmp_path / "sink" / "reports.db").exists()
+
+
+@pytest.mark.parametrize("forged", [
+    art("A", text="forged"),                 # this run's id, a real hash, other text
+    art("A", step="ghost", text="forged"),   # a step that does not exist
+])
+def test_forged_references_passed_the_old_check(store: Store, tmp_path: Path,
+                                                forged: dict[str, Any]) -> None:
+    record_report(store, "A")
+    assert legacy_check_provenance({"report": forged}, "A", store) is None
+    out = publish(req(tmp_path, payload={"report": forged}), store, clock=clock)
+    assert out.status == "failed" and "refused" in out.message
 
 
 @pytest.mark.parametrize(
@@ -208,6 +256,8 @@ def test_payload_provenance(store: Store, tmp_path: Path, payload: Any, refused:
 )
 def test_flat_series_warning(store: Store, tmp_path: Path, first: Any, second: Any, fp_same: bool,
                              warned: bool) -> None:
+    record_report(store, "A")
+    record_report(store, "B")
     publish(req(tmp_path, "A", key="2026-09-13", payload=first), store, clock=clock)
     out = publish(req(tmp_path, "B", key="2026-09-14", payload=second,
                       input_fingerprint="fp-A" if fp_same else "fp-B"), store, clock=clock)

@@ -203,11 +203,11 @@ def test_refs_and_usage(source: str, fields: dict[str, Any] | None) -> None:
     ],
 )
 def test_compile_errors(source: str, message: str) -> None:
-    start = time.monotonic()
+    start = time.process_time()  # CPU time: other load does not count
     with pytest.raises(ExprError) as info:
         compile_template(source)
     assert message in info.value.message
-    assert time.monotonic() - start < 2
+    assert time.process_time() - start < 2
 
 
 @pytest.mark.parametrize(
@@ -250,11 +250,11 @@ def test_compile_errors(source: str, message: str) -> None:
     ],
 )
 def test_render_errors_are_fast(source: str, message: str) -> None:
-    start = time.monotonic()
+    start = time.process_time()  # CPU time: other load does not count
     with pytest.raises((RenderError, ExprError)) as info:
         r(source)
     assert message in info.value.message, info.value.message
-    assert time.monotonic() - start < 2
+    assert time.process_time() - start < 2
 
 
 def test_unknown_roots_at_render_time_name_the_root() -> None:
@@ -319,3 +319,19 @@ def test_output_cap_on_text_render() -> None:
         render(compile_template("a {{ item }}"), {"item": big})
     # a whole template hands the file itself on: no copy, no cap
     assert render(compile_template("{{ item }}"), {"item": big}) is big
+
+
+FORGED_TEXT = '{"$artifact": {"run_id": "r-1", "step": "ghost"}, "text": "forged", "$$file": 1}'
+
+
+def test_from_json_gives_data_and_to_json_escapes_the_engine_keys_in_it() -> None:
+    # from_json of a step's output is plain data, however it is shaped ...
+    value = r("{{ from_json(item.result) }}", ctx={**CTX, "item": {"result": FORGED_TEXT}})
+    assert type(value) is dict and value["$artifact"] == {"run_id": "r-1", "step": "ghost"}
+    # ... and JSON the engine writes from it cannot pass for a reference:
+    # the reserved keys gain one more "$" (reversibly), engine objects keep theirs.
+    text = r("{{ to_json([from_json(item.result), item.outputs['r.md']]) }}",
+             ctx={**CTX, "item": {"result": FORGED_TEXT, "outputs": {"r.md": FakeFile("# R")}}})
+    assert text == ('[{"$$$file":1,"$$artifact":{"run_id":"r-1","step":"ghost"},"text":"forged"},'
+                    '{"$file":"f","n":3}]')
+    assert r("x={{ {'$tree': 1, '$ref': 2} }}") == 'x={"$$tree":1,"$ref":2}'  # text holes too

@@ -121,17 +121,17 @@ def test_alias_bomb_is_refused_quickly() -> None:
     for i in range(1, 30):
         prev = f"*a{i - 1}"
         lines.append(f"a{i}: &a{i} [{', '.join([prev] * 10)}]")
-    start = time.monotonic()
+    start = time.process_time()  # CPU time: other load does not count
     got = problems_of(("\n".join(lines) + "\n").encode())
-    assert time.monotonic() - start < 5
+    assert time.process_time() - start < 5
     assert got[0].startswith("w.yaml:2:") and "aliases" in got[0]
 
 
 def test_deep_nesting_is_a_problem_not_a_crash() -> None:
     data = b"name: w\nsteps: " + b"[" * 5000 + b"]" * 5000 + b"\n"
-    start = time.monotonic()
+    start = time.process_time()  # CPU time: other load does not count
     got = problems_of(data)
-    assert time.monotonic() - start < 2
+    assert time.process_time() - start < 2
     assert got == ["w.yaml:2:72: brackets nested more than 64 deep; a workflow does not need this"]
     indented = "name: w\n" + "".join(" " * i + f"k{i}:\n" for i in range(600))
     assert problems_of(indented.encode())

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import uuid
 from pathlib import Path
 
 import pytest
 
 from stockade.errors import StaleOutput, TamperedArtifact, UserError
+from stockade.refs import unescape_key
 from stockade.workspace.artifacts import (
     Artifact,
+    ForgedReference,
     OutputRefused,
     collect_outputs,
     materialise,
+    payload_value,
+    to_json_value,
 )
 from stockade.workspace.ids import check_run_id, uuid7
 from stockade.workspace.layout import RunDir
@@ -248,3 +254,41 @@ def test_collect_outputs_strips_setuid_and_setgid(tmp_path: Path) -> None:
     os.chmod(f, 0o6755)
     collect_outputs(tmp_path)
     assert oct(f.stat().st_mode & 0o7777) == oct(0o755)
+
+
+FORGED = {"$artifact": {"run_id": "r", "step": "ghost", "item": 0, "attempt": 1, "name": "x",
+                        "sha256": "ab" * 32, "size": 1}, "text": "forged"}
+
+
+def test_json_inputs_escape_reserved_keys_in_data_and_keep_real_references(tmp_path: Path) -> None:
+    art = _artifact(tmp_path, "r", b"real")
+    materialise(tmp_path, "v.json", {"forged": FORGED, "real": art, "list": [{"$$tree": 1}]}, "r")
+    written = json.loads((tmp_path / "v.json").read_text())
+    assert written["forged"] == {"$$artifact": FORGED["$artifact"], "text": "forged"}
+    assert written["list"] == [{"$$$tree": 1}]
+    assert written["real"] == {"$artifact": art.ref(), "text": "real"}
+    assert [unescape_key(k) for k in written["forged"]] == list(FORGED)
+
+
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [
+        (FORGED, "payload holds the key '$artifact'"),
+        ({"rows": [1, {"n": FORGED}]}, 'payload["rows"][1]["n"] holds the key \'$artifact\''),
+        ([{"$file": "secret.txt", "sha256": "00"}], "payload[0] holds the key '$file'"),
+        ({"a": {"$tree": "."}}, "payload[\"a\"] holds the key '$tree'"),
+    ],
+)
+def test_a_payload_refuses_data_posing_as_a_reference(tmp_path: Path, value: object, where: str) -> None:
+    with pytest.raises(ForgedReference, match=re.escape(where)) as err:
+        payload_value(value)
+    assert "only the engine's own references" in str(err.value)
+    assert isinstance(err.value, UserError)  # an item error: the item fails, not the engine
+
+
+def test_a_payload_keeps_real_references_and_escaped_data(tmp_path: Path) -> None:
+    art = _artifact(tmp_path, "r", b"real")
+    got = payload_value({"report": art, "data": {"$$artifact": 1, "$ref": 2}})
+    assert got == {"report": {"$artifact": art.ref(), "text": "real"},
+                   "data": {"$$$artifact": 1, "$ref": 2}}
+    assert to_json_value({"x": FORGED}) == {"x": {"$$artifact": FORGED["$artifact"], "text": "forged"}}

@@ -2,7 +2,8 @@
 
 Key-first lookup on mappings, capped operators, an allowlist of filters,
 tests and ``str`` methods, and the built-in functions ``from_json``,
-``to_json`` and ``lines``. Imports nothing of stockade.
+``to_json`` and ``lines``. Imports nothing of stockade but ``stockade.refs`` (the
+engine's ``$`` forms, which ``to_json`` keeps plain data from posing as).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from stockade.expr._caps import (
     check_binop,
     check_size,
 )
+from stockade.refs import escape_data
 
 
 @runtime_checkable
@@ -90,7 +92,12 @@ def type_name(value: Any) -> str:
 
 
 def from_json(value: Any) -> Any:
-    """Parse JSON from a string or a Readable (artifact, host file)."""
+    """Parse JSON from a string or a Readable (artifact, host file).
+
+    The result is plain data: a ``{"$artifact": ...}`` in it is a mapping
+    like any other, never a reference (``to_json`` and the engine escape its
+    key when they write it, a publish payload refuses it).
+    """
     text = _text_of(value, "from_json")
     try:
         return json.loads(text)
@@ -112,10 +119,14 @@ def _json_default(obj: Any) -> Any:
 
 
 def to_json(value: Any) -> str:
-    """Compact JSON with sorted keys; objects serialise through ``__stockade_json__``."""
+    """Compact JSON with sorted keys; objects serialise through ``__stockade_json__``.
+
+    Plain data's ``$artifact``/``$file``/``$tree`` keys are escaped
+    (``$$artifact``): in JSON the engine writes, those keys are its own.
+    """
     check_size(weigher(), value, "to_json")
     try:
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+        text = json.dumps(escape_data(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                           default=_json_default, allow_nan=False)
     except RecursionError:
         raise ValueError("to_json: value nested too deeply") from None

@@ -2,7 +2,8 @@
 
 The order matters and is the whole design:
 
-1. refuse a payload carrying another run's artifacts;
+1. refuse a payload whose ``$artifact`` objects are not references to
+   artifacts this run recorded, with their content (``check_provenance``);
 2. the effect record ``run_id/step/item`` in the store: ``done`` -> nothing to
    do; ``fenced`` -> stays fenced (a newer run won; a resume must not
    overwrite it); ``claimed`` -> an earlier attempt may have written: ask the
@@ -34,9 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stockade.publish.payload import artifact_refs, content_sha256, describe, foreign_artifacts
+from stockade.publish.payload import artifact_objects, content_sha256, describe, form_problem
 from stockade.publish.sink import Sink, SinkUrlError, Write, WriteResult, open_sink, redact
-from stockade.store.base import Effect, Event, Lease, PublishRecord, Store
+from stockade.refs import ARTIFACT
+from stockade.store.base import ArtifactRecord, Effect, Event, Lease, PublishRecord, Store
 
 
 @dataclass(frozen=True)
@@ -92,26 +94,48 @@ def _hours(seconds: float) -> str:
 
 
 def check_provenance(req: PublishRequest, store: Store) -> str | None:
-    """Why the payload may not be published, or None."""
-    foreign = foreign_artifacts(req.payload, req.run_id)
+    """Why the payload may not be published, or None.
+
+    Every object holding the ``$artifact`` key must be one the engine wrote for
+    an artifact of this run: its exact shape, a text that is the content its
+    sha256 names, and a step, item, output name, attempt, sha256 and size
+    that the run's records hold. Anything else (forged by a step's output,
+    from another run, tampered with) refuses the whole payload.
+    """
+    objects = list(artifact_objects(req.payload))
+    foreign = [(p, o) for p, o in objects
+               if isinstance(o.get(ARTIFACT), dict) and o[ARTIFACT].get("run_id") != req.run_id]
     if foreign:
-        m = foreign[0]
+        path, obj = foreign[0]
+        m = obj[ARTIFACT]
         return (
             f"refused: the payload carries artifact {describe(m)} from run {m.get('run_id')},"
-            f" not from this run {req.run_id} ({len(foreign)} foreign artifact(s))"
+            f" not from this run {req.run_id} ({len(foreign)} foreign artifact(s); at payload{path})"
         )
-    recorded: dict[str, dict[tuple[int, str], str]] = {}
-    for m in artifact_refs(req.payload):
-        step = str(m.get("step"))
-        if step not in recorded:
-            recorded[step] = {(o.item, o.name): o.sha256
-                              for i in store.items(req.run_id, step) for o in i.outputs}
-        known = recorded[step].get((m.get("item"), m.get("name")))  # type: ignore[arg-type]
-        if known is not None and known != m.get("sha256"):
-            return (
-                f"refused: the payload's artifact {describe(m)} has sha256 {m.get('sha256')},"
-                f" but run {req.run_id} recorded {known}"
-            )
+    recorded: dict[str, dict[tuple[int, str], ArtifactRecord]] = {}
+    for path, obj in objects:
+        why = form_problem(obj) or _unrecorded(obj[ARTIFACT], req.run_id, store, recorded)
+        if why:
+            return (f"refused: payload{path} is not a reference to an artifact of this run: {why}"
+                    f" (only steps.X.outputs[...] put one in a payload)")
+    return None
+
+
+def _unrecorded(meta: dict[str, Any], run_id: str, store: Store,
+                recorded: dict[str, dict[tuple[int, str], ArtifactRecord]]) -> str | None:
+    """Why the run's records do not hold the artifact ``meta`` names, or None."""
+    step = meta["step"]
+    if step not in recorded:
+        recorded[step] = {(o.item, o.name): o for i in store.items(run_id, step) for o in i.outputs}
+    if not recorded[step]:
+        return f"run {run_id} has no step {step!r} with outputs"
+    known = recorded[step].get((meta["item"], meta["name"]))
+    if known is None:
+        return f"run {run_id} recorded no output {meta['name']!r} of {step}/{meta['item']}"
+    for name in ("sha256", "size", "attempt"):
+        if getattr(known, name) != meta[name]:
+            return (f"artifact {describe(meta)} has {name} {meta[name]}, but run {run_id}"
+                    f" recorded {getattr(known, name)}")
     return None
 
 

@@ -269,6 +269,8 @@ def _manifest(spec: Spec, plan: Plan, run_id: str, started: float, values: dict[
             **{f"tree:{k}": v.sha256 for k, v in trees.items()},
         },
         "input_fingerprint": input_fingerprint(values, files, trees),
+        "input_refused": {f"tree:{k}": [{"path": p, "why": w} for p, w in v.refused]
+                          for k, v in trees.items() if v.refused},
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
                  "python": sys.version.split()[0]},
         "engine": {"name": "stockade", "version": __version__},
@@ -410,6 +412,9 @@ def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
 
     spec, run, store, clock = p.spec, p.run, p.store, hooks.clock
     base = Path(spec.filename).resolve().parent
+    for tree in p.trees.values():
+        if (refused := tree.refusal_message()) is not None:
+            hooks.reporter.echo(f"warning: {refused}")
     index = {s.id: i for i, s in enumerate(spec.workflow.steps)}
 
     def locate(step: str, path: tuple[str | int, ...]) -> str:

@@ -5,8 +5,12 @@ it was made by the consuming run (``StaleOutput`` otherwise) and that its bytes
 still hash to what was recorded (``TamperedArtifact`` otherwise). mtime is never
 consulted.
 
-Host inputs (``file()``, ``tree()``) are fingerprinted when the run starts and
-checked again when they are copied into a jail.
+Host inputs (``file()``, ``tree()``) live in ``host``: fingerprinted when the
+run starts, checked again when they are copied into a jail.
+
+``to_json_value`` writes engine objects in their ``$`` forms (``refs``) and
+escapes those keys in plain data; ``payload_value`` refuses plain data that
+holds one, for what a sink will publish.
 
 Must not import the runner, the sandbox or the CLI.
 """
@@ -18,34 +22,36 @@ import errno
 import hashlib
 import json
 import os
-import shutil
 import stat
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stockade.errors import StaleOutput, TamperedArtifact, UserError
+from stockade.refs import escape_key, reserved_key_in
+from stockade.workspace.beneath import sha256_fd
+from stockade.workspace.host import (
+    HostFile,
+    HostTree,
+    host_file,
+    host_tree,
+    materialise_tree,
+    write_new_file,
+)
 
-CHUNK = 1 << 20
-
+__all__ = [
+    "Artifact", "ForgedReference", "HostFile", "HostTree", "Materialised", "Output",
+    "OutputRefused", "check_input_name", "collect_outputs", "host_file", "host_tree",
+    "materialise", "payload_value", "sha256_file", "to_json_value",
+]
 
 def sha256_file(path: str | Path) -> tuple[str, int]:
     """Hash a regular file without following a symlink at ``path``."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        return _sha256_fd(fd)
+        return sha256_fd(fd)
     finally:
         os.close(fd)
-
-
-def _sha256_fd(fd: int) -> tuple[str, int]:
-    h = hashlib.sha256()
-    size = 0
-    while chunk := os.read(fd, CHUNK):
-        h.update(chunk)
-        size += len(chunk)
-    return h.hexdigest(), size
 
 
 @dataclass(frozen=True)
@@ -106,89 +112,6 @@ class Artifact:
         return out
 
 
-@dataclass(frozen=True)
-class HostFile:
-    """A file next to the workflow, fingerprinted at run start."""
-
-    rel: str
-    path: Path
-    sha256: str
-
-    def read_bytes(self) -> bytes:
-        data = self.path.read_bytes()
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != self.sha256:
-            raise TamperedArtifact(
-                f"host file {self.rel} changed since the run started "
-                f"(sha256 {digest[:12]} != {self.sha256[:12]})"
-            )
-        return data
-
-    def read_text(self) -> str:
-        return self.read_bytes().decode("utf-8", errors="replace")
-
-    def __str__(self) -> str:
-        return self.read_text()
-
-    def __stockade_json__(self) -> dict[str, Any]:
-        return {"$file": self.rel, "sha256": self.sha256}
-
-
-@dataclass(frozen=True)
-class HostTree:
-    """The git-tracked files of a host checkout, fingerprinted at run start."""
-
-    rel: str
-    path: Path
-    files: tuple[tuple[str, str], ...]  # (relative path, sha256)
-
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(json.dumps(self.files).encode()).hexdigest()
-
-    def __stockade_json__(self) -> dict[str, Any]:
-        return {"$tree": self.rel, "sha256": self.sha256}
-
-
-def resolve_host_path(base: Path, rel: str) -> Path:
-    """Resolve ``rel`` against the workflow folder; it must stay inside it."""
-    target = (base / rel).resolve()
-    root = base.resolve()
-    if target != root and root not in target.parents:
-        raise UserError(f"{rel!r} resolves outside the workflow's folder ({root})")
-    return target
-
-
-def host_file(base: Path, rel: str) -> HostFile:
-    path = resolve_host_path(base, rel)
-    if not path.is_file():
-        raise UserError(f"file({rel!r}): no such file next to the workflow ({path})")
-    digest, _ = sha256_file(path)
-    return HostFile(rel, path, digest)
-
-
-def host_tree(base: Path, rel: str) -> HostTree:
-    path = resolve_host_path(base, rel)
-    if not path.is_dir():
-        raise UserError(f"tree({rel!r}): no such directory next to the workflow ({path})")
-    try:
-        listed = subprocess.run(
-            ["git", "-C", str(path), "ls-files", "-z", "--cached"],
-            check=True, capture_output=True,
-        ).stdout
-    except FileNotFoundError:
-        raise UserError("tree() needs git: install it (apt-get install git)") from None
-    except subprocess.CalledProcessError as exc:
-        raise UserError(f"tree({rel!r}): not a git checkout: {exc.stderr.decode().strip()}") from None
-    files = []
-    for name in sorted(n for n in listed.decode().split("\0") if n):
-        p = path / name
-        if p.is_symlink() or not p.is_file():
-            continue
-        files.append((name, sha256_file(p)[0]))
-    return HostTree(rel, path, tuple(files))
-
-
 # -- outputs -----------------------------------------------------------------
 
 
@@ -243,7 +166,7 @@ def collect_outputs(out_dir: Path) -> list[Output]:
             if st.st_mode & (stat.S_ISUID | stat.S_ISGID):
                 # A jail's setuid file must not become a privilege on the host.
                 os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
-            digest, size = _sha256_fd(fd)
+            digest, size = sha256_fd(fd)
         finally:
             os.close(fd)
         found.append(Output(rel, digest, size))
@@ -310,15 +233,44 @@ def check_input_name(name: str) -> str:
 
 
 def to_json_value(value: Any) -> Any:
-    """Turn rendered values (possibly holding artifacts) into plain JSON values."""
+    """Turn rendered values (possibly holding artifacts) into plain JSON values.
+
+    Engine objects write their ``$`` forms; a plain mapping's ``$artifact``,
+    ``$file`` or ``$tree`` key is escaped to ``$$artifact`` (and so on), so
+    data never reads as a reference.
+    """
     hook = getattr(value, "__stockade_json__", None)
     if hook is not None:
         return hook()
     if isinstance(value, dict):
-        return {str(k): to_json_value(v) for k, v in value.items()}
+        return {escape_key(str(k)): to_json_value(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [to_json_value(v) for v in value]
     return value
+
+
+class ForgedReference(UserError):
+    """Plain data holds a key only the engine's own references may have."""
+
+
+def payload_value(value: Any, what: str = "payload") -> Any:
+    """``to_json_value`` for what a sink publishes: plain data posing as a reference is refused.
+
+    A ``$artifact`` (or ``$file``, ``$tree``) key in data, parsed from a step's
+    output or written in vars, is not a reference and must not reach a sink
+    looking like one; only ``steps.X.outputs[...]`` (and ``file()``, ``tree()``)
+    are.
+    """
+    found = reserved_key_in(value)
+    if found is not None:
+        path, key = found
+        raise ForgedReference(
+            f"refused: {what}{path} holds the key {key!r} in data; only the engine's own "
+            f"references have it (steps.X.outputs[...] for an artifact), and data parsed "
+            f"from a step's output is never one. Put the output itself in the {what}, or "
+            f"rename the key"
+        )
+    return to_json_value(value)
 
 
 @dataclass(frozen=True)
@@ -330,10 +282,12 @@ class Materialised:
 
 
 def materialise(work: Path, name: str, value: Any, run_id: str) -> Materialised:
-    """Write one declared input into ``work/``; the only way anything enters a jail."""
+    """Write one declared input into ``work/``; the only way anything enters a jail.
+
+    Nothing is written through a link: every folder on the way is opened with
+    ``O_NOFOLLOW`` and every file is created new.
+    """
     name = check_input_name(name)
-    dest = work / name
-    dest.parent.mkdir(parents=True, exist_ok=True)
     source: dict[str, Any]
     if isinstance(value, Artifact):
         if value.run_id != run_id:
@@ -347,21 +301,16 @@ def materialise(work: Path, name: str, value: Any, run_id: str) -> Materialised:
         data = value.read_bytes()
         source = {"kind": "file", "path": value.rel}
     elif isinstance(value, HostTree):
-        dest.mkdir(parents=True, exist_ok=True)
-        for rel, digest in value.files:
-            target = dest / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(value.path / rel, target, follow_symlinks=False)
-            if sha256_file(target)[0] != digest:
-                raise TamperedArtifact(f"tree({value.rel!r}): {rel} changed since the run started")
-        return Materialised(name, value.sha256, len(value.files), {"kind": "tree", "path": value.rel})
+        materialise_tree(value, work, name)
+        source = {"kind": "tree", "path": value.rel}
+        if value.refused:
+            source["refused"] = [{"path": p, "why": why} for p, why in value.refused]
+        return Materialised(name, value.sha256, len(value.files), source)
     elif isinstance(value, str):
         data = value.encode("utf-8")
         source = {"kind": "text"}
     else:
         data = json.dumps(to_json_value(value), ensure_ascii=False, sort_keys=True).encode("utf-8")
         source = {"kind": "json"}
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    write_new_file(work, name, data)
     return Materialised(name, hashlib.sha256(data).hexdigest(), len(data), source)

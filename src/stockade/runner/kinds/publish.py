@@ -16,7 +16,7 @@ from stockade.expr import compile_template, render, render_value
 from stockade.publish import PublishRequest, publish
 from stockade.runner.attempt import ITEM_ERRORS, Attempt, Outcome, error_message, refused
 from stockade.runner.status import AttemptStatus
-from stockade.workspace.artifacts import to_json_value
+from stockade.workspace.artifacts import payload_value
 from stockade.workspace.layout import write_json
 
 
@@ -57,7 +57,7 @@ class Publish:
             with attempt.located("publish", "key"):
                 key = str(render(compile_template(cfg.key), ctx, functions=fns))
             with attempt.located("publish", "payload"):
-                payload = to_json_value(render_value(cfg.payload, ctx, functions=fns))
+                payload = payload_value(render_value(cfg.payload, ctx, functions=fns))
             lease = default_lease(run.workflow, step.id)
             if cfg.lease is not None:
                 with attempt.located("publish", "lease"):
