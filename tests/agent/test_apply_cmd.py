@@ -10,8 +10,11 @@ import pytest
 from click.testing import CliRunner
 from modelserver import Call, ModelServer, calls, say
 
-from stockade.cli.apply_cmd import apply, changed_names, extra_names
+from stockade.agent.apply import changed_names, extra_names
+from stockade.cli.apply_cmd import apply
 from stockade.spec.model import Agent
+from stockade.store.base import ItemRecord, RunRecord
+from stockade.store.sqlite import SQLiteStore
 from tests.agent.conftest import run_item
 
 UTILS = "def total(xs):\n    return round(sum(xs), 2)\n"
@@ -52,7 +55,17 @@ def coded(short_tmp: Path) -> Path:
     return short_tmp
 
 
+def _record(root: Path) -> None:
+    """The run store's record of the agent item ``run_item`` left under ``root``."""
+    store = SQLiteStore(root / "stockade.db")
+    if store.get_run("r1") is None:
+        store.create_run(RunRecord("r1", "wf", "wf.yaml", "0" * 64, str(root), "succeeded", 1.0))
+        store.complete_item(ItemRecord("r1", "step", 0, "succeeded", 1, key="0"), [])
+    store.close()
+
+
 def _apply(root: Path, dest: Path, *extra: str, input: str | None = None) -> tuple[int, str]:
+    _record(root)
     r = CliRunner().invoke(apply, ["r1", "step/0", "--to", str(dest), "--root", str(root), *extra], input=input)
     return r.exit_code, r.output
 
