@@ -1,0 +1,163 @@
+"""Tables for the pure parts of everyday operation: sizes, keys, limits, ids, CPUs, ages."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from stockade.errors import UserError
+from stockade.runner.cpus import available_cpus, cgroup_quota
+from stockade.runner.engine import check_key, item_keys
+from stockade.runner.kinds.process import limit_message, missing_outputs
+from stockade.runner.runs import parse_age, parse_item
+from stockade.runner.views import ItemView
+from stockade.spec.model import Step
+from stockade.spec.sizes import format_size, parse_size
+from stockade.workspace.artifacts import Output
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (512, 512), ("512", 512), ("1K", 1024), ("64M", 64 << 20), ("2G", 2 << 30),
+    ("1.5G", int(1.5 * (1 << 30))), ("64MiB", 64 << 20), ("10kb", 10 << 10), (" 3 M ", 3 << 20),
+    (None, None),
+])
+def test_sizes(text: int | str | None, expected: int | None) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["512 megs", "lots", "-1", "0", "1X", "", "M", True, 1 << 63])
+def test_bad_sizes_say_what_to_write(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"size|large"):
+        parse_size(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    ("1M", "1M"), (1 << 20, "1M"), (1536, "1536 bytes"), (2 << 30, "2G"), (3 << 10, "3K"),
+])
+def test_sizes_are_shown_as_written_or_in_exact_units(value: int | str, shown: str) -> None:
+    assert format_size(value) == shown
+
+
+def _view(key: str) -> ItemView:
+    return ItemView(index=0, key=key, value=None, result=None, outputs={})
+
+
+@pytest.mark.parametrize(("values", "explicit", "keys"), [
+    (["a", "b", "c"], None, ["a", "b", "c"]),
+    ([3, 1, 2], None, ["3", "1", "2"]),
+    (["a", "a"], None, ["0", "1"]),                          # not unique: indexes
+    (["a b", "c"], None, ["0", "1"]),                        # not path-safe: indexes
+    ([{"x": 1}, {"x": 2}], None, ["0", "1"]),                # mappings: indexes
+    (["x" * 65], None, ["0"]),                               # too long
+    ([True, False], None, ["0", "1"]),                       # booleans are not keys
+    (["#1"], None, ["0"]),                                   # '#' is how positions are named
+    ([_view("S1"), _view("S3")], None, ["S1", "S3"]),        # upstream items keep their keys
+    ([_view("S1"), _view("S1")], None, ["0", "1"]),
+    (["a", "b"], ["k1", "k2"], ["k1", "k2"]),                # key: wins
+    ([], None, []),
+])
+def test_item_keys(values: list[object], explicit: list[str] | None, keys: list[str]) -> None:
+    assert item_keys(values, explicit) == keys
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", "#3", "x\n", ".", "..", "k" * 201, True, None, 1.5])
+def test_bad_keys(bad: object) -> None:
+    with pytest.raises(UserError):
+        check_key(bad)
+
+
+@pytest.mark.parametrize(("good", "text"), [("S003", "S003"), (7, "7"), ("a b.c", "a b.c")])
+def test_good_keys(good: object, text: str) -> None:
+    assert check_key(good) == text
+
+
+def _step(**resources: object) -> Step:
+    return Step.model_validate({"id": "s", "run": "true", "resources": resources})
+
+
+@pytest.mark.parametrize(("resources", "code", "tail", "expected"), [
+    ({"file_size": "1M"}, 128 + signal.SIGXFSZ, "", "exceeded file_size 1M (killed by SIGXFSZ)"),
+    ({"file_size": "1M"}, -signal.SIGXFSZ, "", "exceeded file_size 1M (killed by SIGXFSZ)"),
+    ({"cpu_seconds": 2}, 128 + signal.SIGXCPU, "", "exceeded cpu_seconds 2 (killed by SIGXCPU)"),
+    ({"cpu_seconds": 2}, 137, "", "cpu_seconds 2 limit is the likely cause"),
+    ({"memory": "64M"}, 1, "Traceback...\nMemoryError", "exceeded memory 64M (an allocation failed)"),
+    ({"memory": "64M"}, 2, "x: Cannot allocate memory", "exceeded memory 64M"),
+    ({"processes": 5}, 2, "sh: fork: Resource temporarily unavailable", "exceeded processes 5"),
+    ({}, 128 + signal.SIGXFSZ, "", None),                    # no limit set: not our limit
+    ({"memory": "64M"}, 1, "some other error", None),
+    ({"file_size": "1M"}, 1, "", None),
+])
+def test_limit_messages(resources: dict[str, object], code: int, tail: str,
+                        expected: str | None) -> None:
+    got = limit_message(_step(**resources), code, tail)
+    if expected is None:
+        assert got is None
+    else:
+        assert got is not None and expected in got
+
+
+def test_missing_outputs_are_named_by_pattern() -> None:
+    step = Step.model_validate({"id": "s", "run": "true",
+                                "outputs": ["report.md", "parts/*.csv", "log.txt"]})
+    made = [Output("report.md", "0" * 64, 1), Output("parts/a.csv", "0" * 64, 1)]
+    assert missing_outputs(step, made) == ["log.txt"]
+
+
+@pytest.mark.parametrize(("text", "step", "key", "index"), [
+    ("align", "align", None, None), ("align/S003", "align", "S003", None),
+    ("align/#4", "align", None, 4), ("a/b.c-d", "a", "b.c-d", None),
+])
+def test_item_addresses(text: str, step: str, key: str | None, index: int | None) -> None:
+    addr = parse_item(text)
+    assert (addr.step, addr.key, addr.index) == (step, key, index)
+
+
+@pytest.mark.parametrize("bad", ["", "/x", "a/", "a/#", "a/#x"])
+def test_bad_item_addresses(bad: str) -> None:
+    with pytest.raises(UserError):
+        parse_item(bad)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("30d", 30 * 86400), ("12h", 43200), ("45m", 2700), ("90s", 90), ("2w", 1209600), ("600", 600),
+])
+def test_ages(text: str, seconds: float) -> None:
+    assert parse_age(text) == seconds
+
+
+def test_bad_age() -> None:
+    with pytest.raises(UserError, match="30d"):
+        parse_age("a month")
+
+
+def _cgroup(tmp_path: Path, line: str, files: dict[str, str]) -> tuple[Path, Path]:
+    proc = tmp_path / "cgroup"
+    proc.write_text(line + "\n")
+    root = tmp_path / "fs"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return proc, root
+
+
+@pytest.mark.parametrize(("line", "files", "quota"), [
+    ("0::/job", {"job/cpu.max": "150000 100000\n"}, 1.5),
+    ("0::/job", {"job/cpu.max": "max 100000\n"}, None),
+    ("4:cpu,cpuacct:/job", {"cpu/job/cpu.cfs_quota_us": "300000", "cpu/job/cpu.cfs_period_us":
+                            "100000"}, 3.0),
+    ("4:cpu,cpuacct:/job", {"cpu/job/cpu.cfs_quota_us": "-1", "cpu/job/cpu.cfs_period_us":
+                            "100000"}, None),
+    ("0::/job", {}, None),
+])
+def test_cgroup_quota(tmp_path: Path, line: str, files: dict[str, str],
+                      quota: float | None) -> None:
+    proc, root = _cgroup(tmp_path, line, files)
+    assert cgroup_quota(proc, root) == quota
+
+
+def test_available_cpus_honours_the_quota(tmp_path: Path) -> None:
+    proc, root = _cgroup(tmp_path, "0::/job", {"job/cpu.max": "50000 100000\n"})
+    assert available_cpus(proc, root) == 1
+    assert 1 <= available_cpus() <= 1024
