@@ -41,6 +41,7 @@ from stockade.sandbox.bwrap import (
     HostLayout,
     _chown_tree,
     proxy_env,
+    proxy_url,
     reachable_by_others,
     scan_host,
 )
@@ -81,7 +82,7 @@ def landlock_request(
     if policy.network == "proxy":
         if relay_port is None:
             raise InfraError("network: proxy needs the egress proxy (policy.proxy_socket)")
-        env.update(proxy_env(f"http://127.0.0.1:{relay_port}"))
+        env.update(proxy_env(proxy_url(policy, relay_port)))
     read_only = [
         *layout.dirs,
         *layout.symlinks,
