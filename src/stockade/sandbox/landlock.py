@@ -8,8 +8,9 @@ the system directories and the same ``/etc`` files as bwrap, read ``/proc``
 root), and read and write its ``work/`` (cwd) and a private scratch directory
 (HOME and TMPDIR). TCP bind/connect are denied (ABI >= 4) except a connect to
 the egress relay's port with ``network: proxy``; seccomp refuses INET sockets
-entirely with ``network: none`` and UDP with ``proxy``, and AF_UNIX sockets
-unless the policy mounts a socket; abstract unix sockets and signals are
+entirely with ``network: none``, and with ``proxy`` everything Landlock's TCP
+hooks do not see (UDP, raw, MPTCP, SCTP, TCP Fast Open, ``listen``), and
+AF_UNIX sockets unless the policy mounts a socket; abstract unix sockets and signals are
 scoped to the jail (ABI >= 6). ``setsid``/``setpgid`` are refused so the
 whole jail stays in one process group that a timeout can kill.
 
@@ -146,7 +147,11 @@ def choose_launcher(env: Mapping[str, str]) -> Launcher:
 
 
 class LoopbackRelay:
-    """Host side for landlock ``network: proxy``: 127.0.0.1:PORT -> the proxy socket."""
+    """Host side for landlock ``network: proxy``: 127.0.0.1:PORT -> the proxy socket.
+
+    Every local user can connect to the port; the proxy behind it answers
+    only requests that carry the item's credential (``EgressProxy.token``).
+    """
 
     def __init__(self, target: Path) -> None:
         # Connect through an fd opened now: the socket may sit in a directory
@@ -234,6 +239,9 @@ class LandlockBackend(Backend):
             "(their environment, memory, fds and root are not readable)",
             "no network namespace: the host's network stack is shared; TCP is filtered by "
             "Landlock and other sockets by seccomp",
+            "network: proxy: Landlock's rules name ports, not addresses, so a step can open TCP "
+            "to any address on the relay's port number (a server of its own listening there "
+            "bypasses the allowlist); bwrap has no such gap",
             "RLIMIT_NPROC counts every process of the jail's uid on the host "
             "(the limit is set to the current count plus the step's share); when the engine "
             "runs as root and a step needs a path only root can reach, the jail keeps uid 0 "
