@@ -126,6 +126,14 @@ def test_jail_env_sets_home_tmpdir_and_proxy() -> None:
         assert env[name] == "http://stockade:t0k@127.0.0.1:3128"
 
 
+@pytest.mark.parametrize("abi", [1, 3])
+def test_proxy_needs_landlock_tcp_rules(abi: int) -> None:
+    pol = policy(network="proxy", proxy_socket=Path("/p.sock"), proxy_token="t0k")
+    with pytest.raises(InfraError, match="ABI >= 4"):
+        landlock_request(pol, abi=abi, layout=LAYOUT, relay_port=4242)
+    assert landlock_request(pol, abi=4, layout=LAYOUT, relay_port=4242)["connect_ports"] == [4242]
+
+
 def test_proxy_without_credential_is_refused() -> None:
     with pytest.raises(InfraError, match="credential"):
         jail_env(policy(network="proxy", proxy_socket=Path("/p.sock")))

@@ -81,6 +81,12 @@ def landlock_request(
     env["HOME"] = scratch
     env["TMPDIR"] = scratch
     if policy.network == "proxy":
+        if abi < 4:
+            # Without Landlock's TCP rules a plain TCP socket reaches any host.
+            raise InfraError(
+                f"network: proxy under landlock needs Landlock ABI >= 4 (Linux 6.7), this "
+                f"kernel has ABI {abi}: use bwrap, or network: none or open"
+            )
         if relay_port is None:
             raise InfraError("network: proxy needs the egress proxy (policy.proxy_socket)")
         env.update(proxy_env(proxy_url(policy, relay_port)))
@@ -251,7 +257,10 @@ class LandlockBackend(Backend):
             "/dev/stdout and /dev/stderr can be reopened only when they are files",
         ]
         if self.abi < 4:
-            lims.append(f"Landlock ABI {self.abi} < 4: TCP is filtered only by seccomp")
+            lims.append(
+                f"Landlock ABI {self.abi} < 4: no TCP rules, so network: proxy is refused "
+                "(network: none still refuses every INET socket in seccomp)"
+            )
         if self.abi < 6:
             lims.append(
                 f"Landlock ABI {self.abi} < 6: signals to other processes of the same uid "
