@@ -23,7 +23,7 @@ import secrets
 import shutil
 import socket
 import subprocess
-import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -402,7 +402,8 @@ SPARE_UID = 65533
 
 def _as_other_user(*args: str) -> subprocess.CompletedProcess[str]:
     """Run CLIENT as another local uid (root tests), or as this unjailed uid."""
-    argv = [sys.executable, "-I", "-S", "-c", CLIENT, *args]
+    # The system interpreter: the checkout (and its venv) may sit in a 0700 folder.
+    argv = ["/usr/bin/python3", "-I", "-S", "-c", CLIENT, *args]
     if os.geteuid() == 0:
         setpriv = shutil.which("setpriv")
         assert setpriv, "setpriv (util-linux) is needed to act as another user"
@@ -426,7 +427,7 @@ while not os.path.exists(donefile) and time.monotonic() < deadline:
 
 
 def test_other_user_cannot_use_the_items_proxy(
-    world: World, allowed_server: tuple[int, list[str]]
+    world: World, allowed_server: tuple[int, list[str]], request: pytest.FixtureRequest
 ) -> None:
     """While the item runs, another local user connects to the relay port in
     its proxy URL and to the proxy's unix socket, without the credential: both
@@ -434,9 +435,11 @@ def test_other_user_cannot_use_the_items_proxy(
     credential the same client gets through (the test can fail)."""
     aport, hits = allowed_server
     target = f"127.0.0.1:{aport}"
-    sockdir = world.base / "proxy"
-    sockdir.mkdir()
+    # Under /tmp itself, so the other user can reach the socket even when
+    # TMPDIR (and so the world) is a private folder.
+    sockdir = Path(tempfile.mkdtemp(prefix="stockade-proxy-", dir="/tmp"))
     sockdir.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(sockdir, ignore_errors=True))
     log = world.meta / "network.jsonl"
     marker = secrets.token_hex(8)
     urlfile, donefile = world.work / "url", world.work / "done"
