@@ -31,7 +31,9 @@ from pathlib import Path
 
 import pytest
 
-from stockade.sandbox import EgressProxy, Running
+from stockade.errors import InfraError
+from stockade.sandbox import EgressProxy, Policy, Running
+from stockade.sandbox.landlock import LandlockBackend
 from tests.sandbox.conftest import World
 
 pytestmark = pytest.mark.sandbox
@@ -471,3 +473,35 @@ def test_other_user_cannot_use_the_items_proxy(
     refused = [e for e in entries if not e["allowed"]]
     assert refused and {e["reason"] for e in refused} == {"proxy credential missing"}
     assert token not in log.read_text()
+
+
+def _socket_fds() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own fd is gone by now
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    return count
+
+
+def test_landlock_without_tcp_rules_refuses_proxy(request: pytest.FixtureRequest) -> None:
+    """Below Landlock ABI 4 nothing limits where a TCP socket connects: the
+    backend refuses ``network: proxy`` instead of running it unfiltered, and
+    leaves no relay listening behind."""
+    # Reachable by the jail uid, so the refusal is the network one.
+    tmp_path = Path(tempfile.mkdtemp(prefix="stockade-abi3-", dir="/tmp"))
+    tmp_path.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(tmp_path, ignore_errors=True))
+    backend = LandlockBackend()
+    backend._abi = 3  # what an older kernel reports
+    work, scratch = tmp_path / "work", tmp_path / "scratch"
+    work.mkdir()
+    with EgressProxy([], tmp_path / "network.jsonl", tmp_path) as egress:
+        policy = Policy(
+            argv=("/bin/true",), work_dir=work, scratch_dir=scratch, env={"PATH": "/usr/bin"},
+            network="proxy", proxy_socket=egress.socket_path, proxy_token=egress.token,
+        )  # fmt: skip
+        before = _socket_fds()
+        with pytest.raises(InfraError, match="ABI >= 4"):
+            backend.start(policy, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert _socket_fds() == before
+    backend.close()

@@ -298,17 +298,17 @@ class LandlockBackend(Backend):
             relay = LoopbackRelay(policy.proxy_socket)
             on_exit.append(relay.close)
             relay_port = relay.port
-        request = landlock_request(
-            policy,
-            abi=self.abi,
-            layout=self._layout,
-            uid=uid,
-            gid=gid,
-            relay_port=relay_port,
-            unix_sockets=any(_is_socket(m.source) for m in policy.mounts),
-            launcher=self.launcher,
-        )
-        try:
+        try:  # a refused request must not leave the relay listening
+            request = landlock_request(
+                policy,
+                abi=self.abi,
+                layout=self._layout,
+                uid=uid,
+                gid=gid,
+                relay_port=relay_port,
+                unix_sockets=any(_is_socket(m.source) for m in policy.mounts),
+                launcher=self.launcher,
+            )
             job = self._helpers.spawn(request, (fileno(stdout), fileno(stderr)))
         except BaseException:
             for hook in on_exit:
