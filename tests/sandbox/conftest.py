@@ -18,7 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from stockade.sandbox import Backend, ExtraMount, Policy, Resources, _direct, get_backend
+from stockade.sandbox import (
+    Backend,
+    EgressProxy,
+    ExtraMount,
+    Policy,
+    Resources,
+    _direct,
+    get_backend,
+)
 from stockade.sandbox.bwrap import BwrapBackend
 from stockade.sandbox.landlock import LandlockBackend
 from stockade.sandbox.policy import NetworkMode
@@ -66,7 +74,7 @@ class World:
         argv: Sequence[str],
         *,
         network: NetworkMode = "none",
-        proxy_socket: Path | None = None,
+        proxy: EgressProxy | None = None,
         resources: Resources | None = None,
         mounts: tuple[ExtraMount, ...] = (),
         env: dict[str, str] | None = None,
@@ -78,7 +86,8 @@ class World:
             env={**ENV, **self.extra_env, **(env or {})},
             mounts=mounts,
             network=network,
-            proxy_socket=proxy_socket,
+            proxy_socket=proxy.socket_path if proxy is not None else None,
+            proxy_token=proxy.token if proxy is not None else None,
             resources=resources or Resources(),
         )
 

@@ -115,7 +115,7 @@ def servers(world: World) -> Iterator[tuple[int, int]]:
 def proxy(world: World, servers: tuple[int, int]) -> Iterator[EgressProxy]:
     sockdir = world.base / "proxy"
     sockdir.mkdir()
-    p = EgressProxy([f"localhost:{servers[0]}"], world.meta / "egress.jsonl", sockdir)
+    p = EgressProxy([f"127.0.0.1:{servers[0]}"], world.meta / "egress.jsonl", sockdir)
     p.start()
     yield p
     p.close()
@@ -130,13 +130,13 @@ def test_proxy_allows_only_the_allowlist(
 ) -> None:
     aport, rport = servers
     r = world.run(
-        "curl -sS --max-time 5 http://localhost:$1/; echo curl=$?; "
-        "curl -sS --max-time 5 http://localhost:$2/; echo curl=$?; "
-        "curl -sS --max-time 5 -p http://localhost:$1/tunnel; echo curl=$?",
+        "curl -sS --max-time 5 http://127.0.0.1:$1/; echo curl=$?; "
+        "curl -sS --max-time 5 http://127.0.0.1:$2/; echo curl=$?; "
+        "curl -sS --max-time 5 -p http://127.0.0.1:$1/tunnel; echo curl=$?",
         str(aport),
         str(rport),
         network="proxy",
-        proxy_socket=proxy.socket_path,
+        proxy=proxy,
     )
     assert r.out.count("allowed-content") == 2, r.both
     assert world.canary not in r.both
@@ -144,7 +144,7 @@ def test_proxy_allows_only_the_allowlist(
     allowed = [e for e in log if e["allowed"]]
     refused = [e for e in log if not e["allowed"]]
     assert {e["port"] for e in allowed} == {aport}
-    assert {(e["host"], e["port"]) for e in refused} == {("localhost", rport)}
+    assert {(e["host"], e["port"]) for e in refused} == {("127.0.0.1", rport)}
     assert {e["method"] for e in allowed} == {"GET", "CONNECT"}
 
 
@@ -156,13 +156,13 @@ def test_proxy_works_with_python_urllib(
         "import sys, urllib.request\n"
         "for port in sys.argv[1:]:\n"
         "    try:\n"
-        "        print(urllib.request.urlopen(f'http://localhost:{port}/', timeout=5).read().decode())\n"
+        "        print(urllib.request.urlopen(f'http://127.0.0.1:{port}/', timeout=5).read().decode())\n"
         "    except Exception as e:\n"
         "        print('failed', e)\n",
         str(aport),
         str(rport),
         network="proxy",
-        proxy_socket=proxy.socket_path,
+        proxy=proxy,
     )
     assert "allowed-content" in r.out, r.both
     assert "failed" in r.out and world.canary not in r.both
@@ -176,7 +176,7 @@ def test_proxy_mode_has_no_direct_route(
         "curl -sS --noproxy '*' --max-time 3 http://127.0.0.1:$1/; echo curl=$?",
         str(aport),
         network="proxy",
-        proxy_socket=proxy.socket_path,
+        proxy=proxy,
     )
     assert "allowed-content" not in r.out
     assert "curl=0" not in r.out
@@ -204,19 +204,19 @@ def test_swapping_the_proxy_socket_for_a_symlink_reaches_nothing_else(
 
     scratch = world.base / "scratch"
     scratch.mkdir(exist_ok=True)
-    proxy = EgressProxy([f"localhost:{servers[0]}"], world.meta / "egress.jsonl", scratch)
+    proxy = EgressProxy([f"127.0.0.1:{servers[0]}"], world.meta / "egress.jsonl", scratch)
     proxy.start()
     daemon_path = world.base / "daemon.sock"
     daemon = host_daemon_socket(daemon_path)
     try:
         r = world.run(
             'sock="$1"; rm -f "$sock"; ln -s "$2" "$sock"; ls -l "$sock"; '
-            "curl -sS --max-time 5 http://localhost:$3/; echo curl=$?",
+            "curl -sS --max-time 5 http://127.0.0.1:$3/; echo curl=$?",
             str(proxy.socket_path),
             str(daemon_path),
             str(servers[0]),
             network="proxy",
-            proxy_socket=proxy.socket_path,
+            proxy=proxy,
         )
         try:
             conn, _ = daemon.accept()
@@ -238,16 +238,41 @@ def test_swapping_the_proxy_socket_for_a_symlink_reaches_nothing_else(
 def test_proxy_socket_in_a_deep_directory(world: World, servers: tuple[int, int]) -> None:
     deep = world.base / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)
-    proxy = EgressProxy([f"localhost:{servers[0]}"], world.meta / "egress.jsonl", deep)
+    proxy = EgressProxy([f"127.0.0.1:{servers[0]}"], world.meta / "egress.jsonl", deep)
     proxy.start()
     try:
         assert len(str(proxy.socket_path)) > 108
         r = world.run(
-            "curl -sS --max-time 5 http://localhost:$1/",
+            "curl -sS --max-time 5 http://127.0.0.1:$1/",
             str(servers[0]),
             network="proxy",
-            proxy_socket=proxy.socket_path,
+            proxy=proxy,
         )
     finally:
         proxy.close()
     assert "allowed-content" in r.out, r.both
+
+
+def test_names_of_internal_addresses_need_the_literal_address(
+    world: World, servers: tuple[int, int]
+) -> None:
+    """``localhost:PORT`` on the allowlist does not open the host's loopback:
+    the proxy refuses a name that resolves to an internal address unless the
+    allowlist names that address itself."""
+    aport, _ = servers
+    script = "curl -sSf --max-time 5 http://localhost:$1/; echo curl=$?"
+    sockdir = world.base / "proxy"
+    sockdir.mkdir()
+    by_name = EgressProxy([f"localhost:{aport}"], world.meta / "name.jsonl", sockdir)
+    with by_name:
+        refused = world.run(script, str(aport), network="proxy", proxy=by_name)
+    literal = [f"localhost:{aport}", f"127.0.0.1:{aport}", f"[::1]:{aport}"]
+    with EgressProxy(literal, world.meta / "literal.jsonl", sockdir) as named:
+        allowed = world.run(script, str(aport), network="proxy", proxy=named)
+    assert "allowed-content" not in refused.out and "curl=0" not in refused.out, refused.both
+    (entry,) = _log(world.meta / "name.jsonl")
+    assert entry["allowed"] is False and entry["host"] == "localhost"
+    assert str(entry["reason"]).startswith("resolves to loopback address"), entry
+    assert "allowed-content" in allowed.out, allowed.both
+    (entry,) = _log(world.meta / "literal.jsonl")
+    assert entry["allowed"] is True and entry["address"] == "127.0.0.1"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from stockade.errors import InfraError
-from stockade.sandbox import ExtraMount, Policy, Resources
+from stockade.sandbox import ExtraMount, Policy, Resources, seccomp
 from stockade.sandbox.bwrap import HostLayout, bwrap_argv, jail_env, rlimit_prefix
 from stockade.sandbox.landlock import landlock_request
 from stockade.sandbox.macos import sbpl_profile, sbpl_quote, ulimit_prefix
@@ -119,11 +119,29 @@ def test_bwrap_never_binds_sensitive_host_paths(forbidden: str) -> None:
 
 
 def test_jail_env_sets_home_tmpdir_and_proxy() -> None:
-    env = jail_env(policy(network="proxy", proxy_socket=Path("/p.sock")))
+    env = jail_env(policy(network="proxy", proxy_socket=Path("/p.sock"), proxy_token="t0k"))
     assert env["HOME"] == "/home/stockade" and env["TMPDIR"] == "/tmp"
     assert env["API_KEY"] == SECRET
     for name in ("HTTP_PROXY", "https_proxy", "ALL_PROXY"):
-        assert env[name] == "http://127.0.0.1:3128"
+        assert env[name] == "http://stockade:t0k@127.0.0.1:3128"
+
+
+@pytest.mark.parametrize("abi", [1, 3])
+def test_proxy_needs_landlock_tcp_rules(abi: int) -> None:
+    pol = policy(network="proxy", proxy_socket=Path("/p.sock"), proxy_token="t0k")
+    with pytest.raises(InfraError, match="ABI >= 4"):
+        landlock_request(pol, abi=abi, layout=LAYOUT, relay_port=4242)
+    assert landlock_request(pol, abi=4, layout=LAYOUT, relay_port=4242)["connect_ports"] == [4242]
+
+
+def test_proxy_without_credential_is_refused() -> None:
+    with pytest.raises(InfraError, match="credential"):
+        jail_env(policy(network="proxy", proxy_socket=Path("/p.sock")))
+    with pytest.raises(InfraError, match="credential"):
+        landlock_request(
+            policy(network="proxy", proxy_socket=Path("/p.sock")), abi=7, layout=LAYOUT,
+            relay_port=4242,
+        )  # fmt: skip
 
 
 def test_proxy_without_socket_is_refused() -> None:
@@ -167,13 +185,18 @@ def test_landlock_request_network(
     network: str, port: int | None, handle: bool, ports: list[int]
 ) -> None:
     req = landlock_request(
-        policy(network=network, proxy_socket=Path("/p.sock")), abi=7, layout=LAYOUT,
-        relay_port=port,
+        policy(network=network, proxy_socket=Path("/p.sock"), proxy_token="t0k"), abi=7,
+        layout=LAYOUT, relay_port=port,
     )  # fmt: skip
     assert req["handle_net"] is handle
     assert req["connect_ports"] == ports
     if network == "proxy":
-        assert req["env"]["HTTPS_PROXY"] == "http://127.0.0.1:4242"
+        assert req["env"]["HTTPS_PROXY"] == "http://stockade:t0k@127.0.0.1:4242"
+    assert "t0k" not in " ".join(req["argv"])
+    # Plain TCP, no Fast Open, no listen where Landlock's port rules are the boundary.
+    sockets = {"none": "none", "proxy": "tcp", "open": "all"}[network]
+    opts = seccomp.FilterOptions(sockets=sockets, no_pidns=True)
+    assert req["seccomp"] == seccomp.build_filter(seccomp.native_arch(), opts).hex()
 
 
 def test_sbpl_profile_content() -> None:

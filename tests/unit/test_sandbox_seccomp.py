@@ -18,6 +18,9 @@ ALLOW = 0x7FFF0000
 EPERM = 0x00050000 | errno.EPERM
 EACCES = 0x00050000 | errno.EACCES
 ENOSYS = 0x00050000 | errno.ENOSYS
+EPROTONOSUPPORT = 0x00050000 | errno.EPROTONOSUPPORT
+EOPNOTSUPP = 0x00050000 | errno.EOPNOTSUPP
+ENOPROTOOPT = 0x00050000 | errno.ENOPROTOOPT
 ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 
 
@@ -143,6 +146,10 @@ SOCKETS = [
     (seccomp.FilterOptions(sockets="tcp"), 10, 1, ALLOW),
     (seccomp.FilterOptions(sockets="tcp"), 2, 2, EACCES),  # UDP
     (seccomp.FilterOptions(sockets="tcp"), 10, 3, EACCES),  # raw
+    (seccomp.FilterOptions(sockets="tcp"), 2, 5, EACCES),  # SOCK_SEQPACKET
+    (seccomp.FilterOptions(sockets="tcp"), 2, 1 | 0x40, EACCES),  # unknown type bits
+    (seccomp.FilterOptions(sockets="tcp"), 17, 3, EACCES),  # AF_PACKET
+    (seccomp.FilterOptions(sockets="tcp"), 16, 3, EACCES),  # AF_NETLINK
     (seccomp.FilterOptions(sockets="tcp"), 1, 1, EACCES),
     (seccomp.FilterOptions(sockets="all"), 1, 1, ALLOW),
 ]
@@ -154,6 +161,108 @@ def test_socket_policies(
 ) -> None:
     prog = seccomp.build_filter("x86_64", opts)
     assert run_bpf(prog, 41, ARCH["x86_64"], (family, kind)) == expected
+
+
+TCP = seccomp.FilterOptions(sockets="tcp", no_pidns=True)
+PROTOCOLS = [
+    # (family, type, protocol, expected): numbers from the kernel headers.
+    (2, 1, 0, ALLOW),
+    (2, 1, 6, ALLOW),  # IPPROTO_TCP
+    (10, 1 | 0x80000, 6, ALLOW),
+    (2, 1, 262, EPROTONOSUPPORT),  # IPPROTO_MPTCP connects past Landlock's TCP rules
+    (10, 1, 262, EPROTONOSUPPORT),
+    (2, 1, 132, EPROTONOSUPPORT),  # IPPROTO_SCTP
+    (2, 1, 0xFFFFFFFF, EPROTONOSUPPORT),
+    (2, 1, 6 | 0x100, EPROTONOSUPPORT),
+    (2, 2, 17, EACCES),  # UDP
+    (2, 3, 6, EACCES),  # raw with a TCP protocol number
+    (2, 5, 132, EACCES),  # SCTP seqpacket
+]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize(("family", "kind", "proto", "expected"), PROTOCOLS)
+def test_tcp_mode_allows_plain_tcp_only(
+    arch: str, family: int, kind: int, proto: int, expected: int
+) -> None:
+    prog = seccomp.build_filter(arch, TCP)
+    nr = seccomp.SYSCALLS[arch]["socket"]
+    assert run_bpf(prog, nr, ARCH[arch], (family, kind, proto)) == expected
+
+
+MSG_FASTOPEN = 0x20000000
+# (arch, syscall number written out independently, flags argument index)
+SENDS = [
+    ("x86_64", 44, 3), ("x86_64", 46, 2), ("x86_64", 307, 3),  # sendto, sendmsg, sendmmsg
+    ("aarch64", 206, 3), ("aarch64", 211, 2), ("aarch64", 269, 3),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("arch", "nr", "flags_at"), SENDS)
+def test_tcp_mode_refuses_fast_open_on_every_send_call(arch: str, nr: int, flags_at: int) -> None:
+    prog = seccomp.build_filter(arch, TCP)
+
+    def verdict(flags: int) -> int:
+        args = [3, 0x1000, 5, 0, 0, 0]
+        args[flags_at] = flags
+        return run_bpf(prog, nr, ARCH[arch], tuple(args))
+
+    assert verdict(MSG_FASTOPEN) == EOPNOTSUPP
+    assert verdict(MSG_FASTOPEN | 0x4000 | 0x40) == EOPNOTSUPP  # with NOSIGNAL, DONTWAIT
+    assert verdict(0) == ALLOW
+    assert verdict(0x4000 | 0x40 | 0x8000) == ALLOW  # NOSIGNAL, DONTWAIT, MORE
+    # Other arguments do not matter: a length that looks like the flag.
+    other = 1 if flags_at != 1 else 2
+    args = [0] * 6
+    args[other] = MSG_FASTOPEN
+    assert run_bpf(prog, nr, ARCH[arch], tuple(args)) == ALLOW
+    # Without Landlock's TCP rules (own network namespace, or open) nothing changes.
+    assert run_bpf(seccomp.build_filter(arch), nr, ARCH[arch], (3, 0, 0, MSG_FASTOPEN)) == ALLOW
+
+
+SOCKOPTS = [
+    # (level, option, expected)
+    (6, 30, ENOPROTOOPT),  # IPPROTO_TCP, TCP_FASTOPEN_CONNECT
+    (6, 23, ENOPROTOOPT),  # TCP_FASTOPEN
+    (6, 34, ENOPROTOOPT),  # TCP_FASTOPEN_NO_COOKIE
+    (6, 1, ALLOW),  # TCP_NODELAY
+    (6, 9, ALLOW),  # TCP_DEFER_ACCEPT
+    (1, 30, ALLOW),  # SOL_SOCKET with the same number (SO_PASSSEC)
+    (1, 9, ALLOW),  # SO_KEEPALIVE
+    (0, 23, ALLOW),  # IPPROTO_IP
+]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize(("level", "option", "expected"), SOCKOPTS)
+def test_tcp_mode_refuses_fast_open_options(
+    arch: str, level: int, option: int, expected: int
+) -> None:
+    nr = {"x86_64": 54, "aarch64": 208}[arch]  # setsockopt
+    prog = seccomp.build_filter(arch, TCP)
+    assert run_bpf(prog, nr, ARCH[arch], (3, level, option, 0x1000, 4)) == expected
+    assert run_bpf(seccomp.build_filter(arch), nr, ARCH[arch], (3, level, option)) == ALLOW
+
+
+@pytest.mark.parametrize(
+    ("arch", "nr"),
+    [("x86_64", 50), ("x86_64", 43), ("x86_64", 288),  # listen, accept, accept4
+     ("aarch64", 201), ("aarch64", 202), ("aarch64", 242)],
+)  # fmt: skip
+def test_tcp_mode_refuses_listen_and_accept(arch: str, nr: int) -> None:
+    assert run_bpf(seccomp.build_filter(arch, TCP), nr, ARCH[arch], (3, 0)) == EPERM
+    # The bwrap jail has its own network namespace and its in-jail relay listens.
+    assert run_bpf(seccomp.build_filter(arch), nr, ARCH[arch], (3, 0)) == ALLOW
+    none = seccomp.FilterOptions(sockets="none", allow_unix=True, no_pidns=True)
+    assert run_bpf(seccomp.build_filter(arch, none), nr, ARCH[arch], (3, 0)) == ALLOW
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_tcp_mode_leaves_ordinary_calls_alone(arch: str) -> None:
+    prog = seccomp.build_filter(arch, TCP)
+    table = {"x86_64": (0, 1, 42, 45), "aarch64": (63, 64, 203, 207)}[arch]
+    for nr in table:  # read, write, connect, recvfrom
+        assert run_bpf(prog, nr, ARCH[arch], (3, MSG_FASTOPEN, MSG_FASTOPEN, MSG_FASTOPEN)) == ALLOW
 
 
 @pytest.mark.parametrize(("no_pidns", "expected"), [(True, EPERM), (False, ALLOW)])

@@ -160,8 +160,15 @@ def jail_env(policy: Policy) -> dict[str, str]:
     env["HOME"] = JAIL_HOME
     env["TMPDIR"] = JAIL_TMP
     if policy.network == "proxy":
-        env.update(proxy_env(f"http://127.0.0.1:{PROXY_PORT}"))
+        env.update(proxy_env(proxy_url(policy, PROXY_PORT)))
     return env
+
+
+def proxy_url(policy: Policy, port: int) -> str:
+    """The proxy URL a jail gets: the loopback relay, with the item's credential."""
+    if policy.proxy_token is None:
+        raise InfraError("network: proxy needs the egress proxy's credential (policy.proxy_token)")
+    return f"http://stockade:{policy.proxy_token}@127.0.0.1:{port}"
 
 
 def proxy_env(url: str) -> dict[str, str]:

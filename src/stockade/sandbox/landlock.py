@@ -8,8 +8,9 @@ the system directories and the same ``/etc`` files as bwrap, read ``/proc``
 root), and read and write its ``work/`` (cwd) and a private scratch directory
 (HOME and TMPDIR). TCP bind/connect are denied (ABI >= 4) except a connect to
 the egress relay's port with ``network: proxy``; seccomp refuses INET sockets
-entirely with ``network: none`` and UDP with ``proxy``, and AF_UNIX sockets
-unless the policy mounts a socket; abstract unix sockets and signals are
+entirely with ``network: none``, and with ``proxy`` everything Landlock's TCP
+hooks do not see (UDP, raw, MPTCP, SCTP, TCP Fast Open, ``listen``), and
+AF_UNIX sockets unless the policy mounts a socket; abstract unix sockets and signals are
 scoped to the jail (ABI >= 6). ``setsid``/``setpgid`` are refused so the
 whole jail stays in one process group that a timeout can kill.
 
@@ -41,6 +42,7 @@ from stockade.sandbox.bwrap import (
     HostLayout,
     _chown_tree,
     proxy_env,
+    proxy_url,
     reachable_by_others,
     scan_host,
 )
@@ -79,9 +81,15 @@ def landlock_request(
     env["HOME"] = scratch
     env["TMPDIR"] = scratch
     if policy.network == "proxy":
+        if abi < 4:
+            # Without Landlock's TCP rules a plain TCP socket reaches any host.
+            raise InfraError(
+                f"network: proxy under landlock needs Landlock ABI >= 4 (Linux 6.7), this "
+                f"kernel has ABI {abi}: use bwrap, or network: none or open"
+            )
         if relay_port is None:
             raise InfraError("network: proxy needs the egress proxy (policy.proxy_socket)")
-        env.update(proxy_env(f"http://127.0.0.1:{relay_port}"))
+        env.update(proxy_env(proxy_url(policy, relay_port)))
     read_only = [
         *layout.dirs,
         *layout.symlinks,
@@ -145,7 +153,11 @@ def choose_launcher(env: Mapping[str, str]) -> Launcher:
 
 
 class LoopbackRelay:
-    """Host side for landlock ``network: proxy``: 127.0.0.1:PORT -> the proxy socket."""
+    """Host side for landlock ``network: proxy``: 127.0.0.1:PORT -> the proxy socket.
+
+    Every local user can connect to the port; the proxy behind it answers
+    only requests that carry the item's credential (``EgressProxy.token``).
+    """
 
     def __init__(self, target: Path) -> None:
         # Connect through an fd opened now: the socket may sit in a directory
@@ -233,6 +245,9 @@ class LandlockBackend(Backend):
             "(their environment, memory, fds and root are not readable)",
             "no network namespace: the host's network stack is shared; TCP is filtered by "
             "Landlock and other sockets by seccomp",
+            "network: proxy: Landlock's rules name ports, not addresses, so a step can open TCP "
+            "to any address on the relay's port number (a server of its own listening there "
+            "bypasses the allowlist); bwrap has no such gap",
             "RLIMIT_NPROC counts every process of the jail's uid on the host "
             "(the limit is set to the current count plus the step's share); when the engine "
             "runs as root and a step needs a path only root can reach, the jail keeps uid 0 "
@@ -242,7 +257,10 @@ class LandlockBackend(Backend):
             "/dev/stdout and /dev/stderr can be reopened only when they are files",
         ]
         if self.abi < 4:
-            lims.append(f"Landlock ABI {self.abi} < 4: TCP is filtered only by seccomp")
+            lims.append(
+                f"Landlock ABI {self.abi} < 4: no TCP rules, so network: proxy is refused "
+                "(network: none still refuses every INET socket in seccomp)"
+            )
         if self.abi < 6:
             lims.append(
                 f"Landlock ABI {self.abi} < 6: signals to other processes of the same uid "
@@ -280,17 +298,17 @@ class LandlockBackend(Backend):
             relay = LoopbackRelay(policy.proxy_socket)
             on_exit.append(relay.close)
             relay_port = relay.port
-        request = landlock_request(
-            policy,
-            abi=self.abi,
-            layout=self._layout,
-            uid=uid,
-            gid=gid,
-            relay_port=relay_port,
-            unix_sockets=any(_is_socket(m.source) for m in policy.mounts),
-            launcher=self.launcher,
-        )
-        try:
+        try:  # a refused request must not leave the relay listening
+            request = landlock_request(
+                policy,
+                abi=self.abi,
+                layout=self._layout,
+                uid=uid,
+                gid=gid,
+                relay_port=relay_port,
+                unix_sockets=any(_is_socket(m.source) for m in policy.mounts),
+                launcher=self.launcher,
+            )
             job = self._helpers.spawn(request, (fileno(stdout), fileno(stderr)))
         except BaseException:
             for hook in on_exit:

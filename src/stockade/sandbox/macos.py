@@ -17,7 +17,7 @@ from typing import IO
 
 from stockade.sandbox._popen import PopenJail
 from stockade.sandbox.base import Availability, Backend, Running
-from stockade.sandbox.bwrap import proxy_env
+from stockade.sandbox.bwrap import proxy_env, proxy_url
 from stockade.sandbox.policy import Policy, Resources
 
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
@@ -142,7 +142,7 @@ class SandboxExecBackend(Backend):
         env["HOME"] = str(policy.scratch_dir)
         env["TMPDIR"] = str(policy.scratch_dir)
         if policy.network == "proxy":
-            env.update(proxy_env(f"http://127.0.0.1:{PROXY_PORT}"))
+            env.update(proxy_env(proxy_url(policy, PROXY_PORT)))
         return PopenJail(
             sandbox_exec_argv(policy), cwd=policy.work_dir, env=env, stdout=stdout, stderr=stderr
         )

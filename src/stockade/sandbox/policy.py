@@ -68,4 +68,7 @@ class Policy:
     #: For ``network == "proxy"``: a host unix socket of the egress proxy; the
     #: backend makes it reachable in the jail and sets HTTP(S)_PROXY/ALL_PROXY.
     proxy_socket: Path | None = None
+    #: The egress proxy's per-item credential (``EgressProxy.token``): the
+    #: password of the proxy URL the jail gets. Never on a command line.
+    proxy_token: str | None = None
     resources: Resources = field(default_factory=Resources)

@@ -9,6 +9,13 @@ needs and that widen its reach: namespaces, mounts, ptrace and
 ``open_by_handle_at`` and the ``TIOCSTI``/``TIOCLINUX`` ioctls. ``clone3``
 returns ``ENOSYS`` so libc falls back to ``clone``, whose flags can be checked.
 
+Where Landlock's TCP rules are the only network boundary (``sockets="tcp"``,
+landlock with ``network: proxy``), the filter also closes the paths past
+Landlock's connect and bind hooks: sockets other than plain TCP (MPTCP, SCTP,
+raw, UDP), TCP Fast Open (``MSG_FASTOPEN`` on every send call, the
+``TCP_FASTOPEN*`` options), and ``listen``/``accept`` (an unbound socket's
+``listen`` binds an ephemeral port without the bind hook).
+
 ``build_filter`` is a pure function (bytes out) so unit tests can decode it.
 Standard library only: the landlock exec helper imports this module.
 """
@@ -65,6 +72,12 @@ AF_INET = 2
 AF_INET6 = 10
 AF_VSOCK = 40
 SOCK_STREAM = 1
+SOCK_NONBLOCK = 0o4000
+SOCK_CLOEXEC = 0o2000000
+IPPROTO_TCP = 6
+MSG_FASTOPEN = 0x20000000
+#: TCP_FASTOPEN, TCP_FASTOPEN_CONNECT, TCP_FASTOPEN_NO_COOKIE.
+TCP_FASTOPEN_OPTIONS = (23, 30, 34)
 
 #: Syscalls refused with EPERM on every backend, by name.
 DENIED: tuple[str, ...] = (
@@ -98,6 +111,10 @@ DENIED_IDENTITY: tuple[str, ...] = (
     "setuid", "setreuid", "setresuid", "setfsuid",
     "setgid", "setregid", "setresgid", "setfsgid", "setgroups",
 )  # fmt: skip
+#: Also refused where Landlock filters TCP (``sockets="tcp"``): ``listen`` on
+#: an unbound socket picks a port without Landlock's bind hook, and nothing
+#: the policy allows needs to accept a connection.
+DENIED_TCP_SERVER: tuple[str, ...] = ("listen", "accept", "accept4")
 
 SYSCALLS: dict[str, dict[str, int]] = {
     "x86_64": {
@@ -122,6 +139,8 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "semtimedop": 220, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
         "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243,
         "mq_notify": 244, "mq_getsetattr": 245,
+        "sendto": 44, "sendmsg": 46, "sendmmsg": 307, "setsockopt": 54, "listen": 50,
+        "accept": 43, "accept4": 288,
     },
     "aarch64": {
         "unshare": 97, "setns": 268, "clone": 220, "clone3": 435, "mount": 40,
@@ -144,6 +163,8 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "semtimedop": 192, "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187,
         "mq_open": 180, "mq_unlink": 181, "mq_timedsend": 182, "mq_timedreceive": 183,
         "mq_notify": 184, "mq_getsetattr": 185,
+        "sendto": 206, "sendmsg": 211, "sendmmsg": 269, "setsockopt": 208, "listen": 201,
+        "accept": 202, "accept4": 242,
     },
 }  # fmt: skip
 
@@ -199,15 +220,56 @@ def _socket_block(opts: FilterOptions) -> list[tuple[int, int, int, int]]:
     if opts.allow_unix:
         body += [_ins(JEQ_K, 0, 1, AF_UNIX), allow]
     if opts.sockets == "tcp":
+        # Landlock's rules apply to TCP only: IPPROTO_MPTCP (or SCTP) with
+        # SOCK_STREAM would connect past them. EPROTONOSUPPORT is what a
+        # kernel without MPTCP says, so clients that try it fall back to TCP.
         body += [
             _ins(JEQ_K, 1, 0, AF_INET),
-            _ins(JEQ_K, 0, 4, AF_INET6),
+            _ins(JEQ_K, 0, 8, AF_INET6),
             _ins(LD_W_ABS, 0, 0, arg_lo(1)),
-            _ins(AND_K, 0, 0, 0xF),  # strip SOCK_NONBLOCK / SOCK_CLOEXEC
-            _ins(JEQ_K, 0, 1, SOCK_STREAM),
+            _ins(AND_K, 0, 0, ~(SOCK_NONBLOCK | SOCK_CLOEXEC)),
+            _ins(JEQ_K, 0, 5, SOCK_STREAM),
+            _ins(LD_W_ABS, 0, 0, arg_lo(2)),
+            _ins(JEQ_K, 1, 0, 0),
+            _ins(JEQ_K, 0, 1, IPPROTO_TCP),
             allow,
+            _ins(RET_K, 0, 0, _errno(errno.EPROTONOSUPPORT)),
         ]
     return [*body, deny]
+
+
+def _refuse_flag(arg: int, flag: int, err: int) -> list[tuple[int, int, int, int]]:
+    """Return ``err`` when ``flag`` is set in argument ``arg``, else allow."""
+    return [
+        _ins(LD_W_ABS, 0, 0, arg_lo(arg)),
+        _ins(JSET_K, 0, 1, flag),
+        _ins(RET_K, 0, 0, _errno(err)),
+        _ins(RET_K, 0, 0, RET_ALLOW),
+    ]
+
+
+def _tcp_blocks(table: dict[str, int]) -> list[tuple[int, list[tuple[int, int, int, int]]]]:
+    """TCP Fast Open sends its SYN from ``sendto``/``sendmsg``/``sendmmsg``
+    (``MSG_FASTOPEN``) or from a write after a deferred connect
+    (``TCP_FASTOPEN_CONNECT``) through a path Landlock's connect hook does
+    not see. A send call's flags are its only way to ask for it (a
+    ``msghdr``'s ``msg_flags`` are ignored on send; ``write``, ``splice``
+    and ``sendfile`` carry no flags; io_uring is refused)."""
+    nopt = len(TCP_FASTOPEN_OPTIONS)
+    sockopt = [
+        _ins(LD_W_ABS, 0, 0, arg_lo(1)),
+        _ins(JEQ_K, 0, nopt + 1, IPPROTO_TCP),
+        _ins(LD_W_ABS, 0, 0, arg_lo(2)),
+    ]
+    for i, opt in enumerate(TCP_FASTOPEN_OPTIONS):
+        sockopt.append(_ins(JEQ_K, nopt - i, 0, opt))
+    sockopt += [_ins(RET_K, 0, 0, RET_ALLOW), _ins(RET_K, 0, 0, _errno(errno.ENOPROTOOPT))]
+    return [
+        (table["sendto"], _refuse_flag(3, MSG_FASTOPEN, errno.EOPNOTSUPP)),
+        (table["sendmsg"], _refuse_flag(2, MSG_FASTOPEN, errno.EOPNOTSUPP)),
+        (table["sendmmsg"], _refuse_flag(3, MSG_FASTOPEN, errno.EOPNOTSUPP)),
+        (table["setsockopt"], sockopt),
+    ]
 
 
 @functools.lru_cache(maxsize=32)
@@ -225,6 +287,8 @@ def build_filter(arch: str, opts: FilterOptions = FilterOptions()) -> bytes:
     denied = list(DENIED)
     if opts.no_pidns:
         denied += [*DENIED_WITHOUT_PIDNS, *DENIED_IDENTITY, *DENIED_HOST_IPC]
+    if opts.sockets == "tcp":
+        denied += DENIED_TCP_SERVER
     for name in denied:
         if name in table:
             prog += [_ins(JEQ_K, 0, 1, table[name]), _ins(RET_K, 0, 0, _errno(errno.EPERM))]
@@ -253,6 +317,8 @@ def build_filter(arch: str, opts: FilterOptions = FilterOptions()) -> bytes:
         ),
     ]
     blocks.append((table["socket"], _socket_block(opts)))
+    if opts.sockets == "tcp":
+        blocks += _tcp_blocks(table)
     for nr, body in blocks:
         prog.append(_ins(JEQ_K, 0, len(body), nr))
         prog += body

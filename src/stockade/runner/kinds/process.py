@@ -194,13 +194,17 @@ def run_jail(
         policy = replace(policy, mounts=policy.mounts + mounts)
     proxy = None
     if policy.network == "proxy":
-        from stockade.sandbox import EgressProxy  # only steps with an allowlist pay for it
+        # Only steps with an allowlist pay for these imports.
+        from stockade.sandbox import EgressProxy
+        from stockade.sandbox.proxy import credential_headers
 
         assert isinstance(step.network, list)
         policy.scratch_dir.mkdir(parents=True, exist_ok=True)
         proxy = EgressProxy(step.network, meta / "network.jsonl", policy.scratch_dir)
         proxy.start()
-        policy = replace(policy, proxy_socket=proxy.socket_path)
+        policy = replace(policy, proxy_socket=proxy.socket_path, proxy_token=proxy.token)
+        # The step may print its proxy URL (curl -v shows the Basic form).
+        masker = Masker([*masker.values, *credential_headers(proxy.token)])
     jails = attempt.run.jails
     key = (step.id, attempt.item.index)
     try:
