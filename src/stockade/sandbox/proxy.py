@@ -208,8 +208,11 @@ class EgressProxy:
         clock: Callable[[], float] = time.time,
         connect_timeout: float = 10.0,
         resolve: Callable[[str, int], Resolved] = getaddrinfo_stream,
+        mask: Callable[[str], str] = lambda s: s,
     ) -> None:
         self.rules = tuple(parse_rule(p) for p in allow)
+        #: Applied to every string logged (a step may put a secret in a URL or host name).
+        self._mask = mask
         self.log_path = log_path
         self.socket_path = socket_dir / "egress.sock"
         #: The per-item credential (the password of the proxy URL).
@@ -266,7 +269,8 @@ class EgressProxy:
         self.close()
 
     def _log(self, **record: object) -> None:
-        record = {"time": self._clock(), **record}
+        record = {"time": self._clock(),
+                  **{k: self._mask(v) if isinstance(v, str) else v for k, v in record.items()}}
         line = json.dumps(record, sort_keys=True) + "\n"
         with self._log_lock, open(self.log_path, "a", encoding="utf-8") as f:
             f.write(line)

@@ -200,7 +200,8 @@ def run_jail(
 
         assert isinstance(step.network, list)
         policy.scratch_dir.mkdir(parents=True, exist_ok=True)
-        proxy = EgressProxy(step.network, meta / "network.jsonl", policy.scratch_dir)
+        proxy = EgressProxy(step.network, meta / "network.jsonl", policy.scratch_dir,
+                            mask=attempt.run.masker.text)
         proxy.start()
         policy = replace(policy, proxy_socket=proxy.socket_path, proxy_token=proxy.token)
         # The step may print its proxy URL (curl -v shows the Basic form).
