@@ -11,9 +11,29 @@ and the error types below. Everything else is a private core.
 Must not import the runner or the CLI.
 """
 
-from stockade.errors import InfraError, StaleOutput, StockadeError, TamperedArtifact, UserError
+from __future__ import annotations
+
+TYPE_CHECKING = False  # not typing's: importing typing alone takes ~20 ms
+if TYPE_CHECKING:
+    from stockade.errors import (
+        InfraError,
+        StaleOutput,
+        StockadeError,
+        TamperedArtifact,
+        UserError,
+    )
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # Lazy: ``stockade`` is imported first by every command, before the command
+    # line can take over Ctrl-C; the less it runs, the smaller that window.
+    if name in __all__ and name != "__version__":
+        from stockade import errors
+
+        return getattr(errors, name)
+    raise AttributeError(name)
 
 __all__ = [
     "InfraError",
