@@ -82,7 +82,6 @@ class Item:
     root: Path
     work: Path
     meta: Path
-    runtime: Path
     echoed: list[str] = field(default_factory=list)
     exit_code: int | None = None
     pids: list[int] = field(default_factory=list)
@@ -105,24 +104,23 @@ def run_item(
 ) -> tuple[AgentOutcome, Item]:
     root = tmp / "runs" / "r1" / "step" / item_name
     work, meta = root / "work", root / "meta" / "attempts" / "1"
-    runtime = Path(tmp / "rt" / item_name)
     (work / "out").mkdir(parents=True)
     for rel, text in inputs.items():
         (work / rel).parent.mkdir(parents=True, exist_ok=True)
         (work / rel).write_text(text)
     if prepare:
         prepare(work)
-    it = Item(root, work, meta, runtime)
+    it = Item(root, work, meta)
     job = AgentJob(
         run_id="r1", step="step", item=0, attempt=1, config=agent, work_dir=work, meta_dir=meta,
-        runtime_dir=runtime, timeout=timeout, host_env=dict(host_env), echo=it.echoed.append,
+        timeout=timeout, host_env=dict(host_env), echo=it.echoed.append,
         interactive=interactive,
     )
     kw = {"ask": ask} if ask else {}
     with start_agent(job, **kw) as s:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"} | dict(s.launch.env)
         policy = Policy(argv=s.launch.argv, work_dir=work, scratch_dir=tmp / "scratch" / item_name,
-                        env=env, mounts=s.launch.mounts, network="none")
+                        env=env, mounts=s.launch.mounts, network="none", pass_fds=s.launch.pass_fds)
         with open(meta / "jail.log", "wb") as logf:
             running = get(backend).start(policy, stdout=logf, stderr=logf)
             it.pids.append(running.pid)

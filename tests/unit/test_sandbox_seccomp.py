@@ -135,9 +135,6 @@ SOCKETS = [
     (seccomp.FilterOptions(sockets="tcp"), 40, 1, EACCES),
     (seccomp.FilterOptions(sockets="all"), 40, 1, EACCES),  # vsock ignores netns
     (seccomp.FilterOptions(sockets="all"), 16, 3, ALLOW),
-    (seccomp.FilterOptions(sockets="tcp", allow_unix=True), 1, 1, ALLOW),
-    (seccomp.FilterOptions(sockets="tcp", allow_unix=True), 2, 2, EACCES),
-    (seccomp.FilterOptions(sockets="none", allow_unix=True), 1, 1, ALLOW),
     (seccomp.FilterOptions(sockets="tcp"), 2, 1, ALLOW),
     (seccomp.FilterOptions(sockets="tcp"), 2, 1 | 0x80000 | 0x800, ALLOW),  # CLOEXEC|NONBLOCK
     (seccomp.FilterOptions(sockets="tcp"), 10, 1, ALLOW),

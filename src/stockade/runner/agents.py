@@ -7,8 +7,6 @@ import the CLI.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -49,29 +47,24 @@ def run_agent_attempt(
     with located(ac, step.id, "agent", "prompt"):
         prompt = str(render(compile_template(step.agent.prompt), tctx, functions=ac.functions))
     config = step.agent.model_copy(update={"prompt": prompt})
-    # Unix socket paths are limited to ~108 bytes, so the runtime dir is short.
-    runtime = Path(tempfile.mkdtemp(prefix="stockade-"))
-    try:
-        job = AgentJob(
-            run_id=ac.run_id, step=step.id, item=index, attempt=n, config=config,
-            work_dir=idir.work, meta_dir=adir, runtime_dir=runtime, timeout=step.timeout,
-            host_env=ac.host_env, echo=ac.echo, interactive=ac.interactive,
+    job = AgentJob(
+        run_id=ac.run_id, step=step.id, item=index, attempt=n, config=config,
+        work_dir=idir.work, meta_dir=adir, timeout=step.timeout,
+        host_env=ac.host_env, echo=ac.echo, interactive=ac.interactive,
+    )
+    with start_agent(job) as session:
+        launch = session.launch
+        policy = Policy(
+            argv=tuple(launch.argv), work_dir=idir.work, scratch_dir=idir.scratch,
+            env={**env, **launch.env}, mounts=tuple(launch.mounts), network="none",
+            resources=resources_of(step), pass_fds=launch.pass_fds,
         )
-        with start_agent(job) as session:
-            launch = session.launch
-            policy = Policy(
-                argv=tuple(launch.argv), work_dir=idir.work, scratch_dir=idir.scratch,
-                env={**env, **launch.env}, mounts=tuple(launch.mounts), network="none",
-                resources=resources_of(step),
-            )
-            code, timed_out = run_jail(ac, backend, policy, step, index, adir, masker)
-            result = session.finish(code)
-            # A coding step hands its edits downstream as a unified diff, unless
-            # the agent itself wrote a file by that name.
-            if result.ok and result.diff and not (idir.out / "changes.diff").exists():
-                (idir.out / "changes.diff").write_text(result.diff, encoding="utf-8")
-    finally:
-        shutil.rmtree(runtime, ignore_errors=True)
+        code, timed_out = run_jail(ac, backend, policy, step, index, adir, masker)
+        result = session.finish(code)
+        # A coding step hands its edits downstream as a unified diff, unless
+        # the agent itself wrote a file by that name.
+        if result.ok and result.diff and not (idir.out / "changes.diff").exists():
+            (idir.out / "changes.diff").write_text(result.diff, encoding="utf-8")
     outcome = finish_process(idir, adir, n, started, code, timed_out, step, ac)
     if outcome.status == "succeeded" and not result.ok:
         outcome = AttemptOutcome("failed", n, message=result.message, exit_code=code,

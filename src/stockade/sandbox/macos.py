@@ -144,5 +144,6 @@ class SandboxExecBackend(Backend):
         if policy.network == "proxy":
             env.update(proxy_env(f"http://127.0.0.1:{PROXY_PORT}"))
         return PopenJail(
-            sandbox_exec_argv(policy), cwd=policy.work_dir, env=env, stdout=stdout, stderr=stderr
-        )
+            sandbox_exec_argv(policy), cwd=policy.work_dir, env=env, stdout=stdout, stderr=stderr,
+            fds=policy.pass_fds,
+        )  # fmt: skip

@@ -69,3 +69,7 @@ class Policy:
     #: backend makes it reachable in the jail and sets HTTP(S)_PROXY/ALL_PROXY.
     proxy_socket: Path | None = None
     resources: Resources = field(default_factory=Resources)
+    #: Open host fds the process inherits, at 3, 4, ... in this order (the
+    #: agent's already-connected broker socket): nothing in the jail names
+    #: them by path. The backend duplicates them; the caller keeps its own.
+    pass_fds: tuple[int, ...] = ()
