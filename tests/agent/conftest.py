@@ -69,6 +69,31 @@ def backends() -> list[object]:
     return out
 
 
+#: The enforcing backends with each launcher: how ``stockade run`` picks them.
+LAUNCHES: dict[str, dict[str, str]] = {
+    "bwrap": {"STOCKADE_SANDBOX": "bwrap", "STOCKADE_BWRAP_LAUNCHER": "direct"},
+    "bwrap-helper": {"STOCKADE_SANDBOX": "bwrap", "STOCKADE_BWRAP_LAUNCHER": "helper"},
+    "landlock": {"STOCKADE_SANDBOX": "landlock", "STOCKADE_LANDLOCK_LAUNCHER": "native"},
+    "landlock-python": {"STOCKADE_SANDBOX": "landlock", "STOCKADE_LANDLOCK_LAUNCHER": "python"},
+}
+
+
+def jail_backends() -> list[object]:
+    """Every enforcing backend and launcher (security tests); skipped, not hidden, where missing."""
+    out: list[object] = []
+    for name, env in LAUNCHES.items():
+        base = env["STOCKADE_SANDBOX"]
+        missing = _backend(base) is None
+        native = name in ("bwrap", "landlock")
+        if native and not missing:
+            from stockade.sandbox import _direct
+
+            missing = not _direct.available()
+        out.append(pytest.param(name, id=name, marks=pytest.mark.skipif(
+            missing, reason=f"{name} is missing or cannot start a jail here")))
+    return out
+
+
 def get(name: str) -> Backend:
     if name == "none":
         return NoneBackend()
