@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
@@ -94,9 +95,21 @@ def jail_backends() -> list[object]:
     return out
 
 
+_FALLBACKS: dict[str, Backend] = {}
+
+
 def get(name: str) -> Backend:
+    """A backend by name; ``bwrap-helper`` and ``landlock-python`` are the fallback launchers."""
     if name == "none":
         return NoneBackend()
+    if name in ("bwrap-helper", "landlock-python"):
+        if name not in _FALLBACKS:
+            from stockade.sandbox.bwrap import BwrapBackend
+            from stockade.sandbox.landlock import LandlockBackend
+
+            _FALLBACKS[name] = BwrapBackend(launcher="helper") if name == "bwrap-helper" else LandlockBackend(launcher="python")
+            atexit.register(_FALLBACKS[name].close)
+        return _FALLBACKS[name]
     b = _backend(name)
     assert b is not None
     return b

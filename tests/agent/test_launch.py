@@ -7,6 +7,8 @@ import marshal
 import os
 import socket
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +99,12 @@ def test_engine_python_runs_the_jail_without_a_copy_of_stockade() -> None:
                        capture_output=True, text=True, check=True)
     src = os.path.dirname(os.path.dirname(ship.__file__))
     assert not any(p.startswith(src) for p in json.loads(r.stdout)), (src, r.stdout)
+
+
+def test_code_objects_only_for_an_interpreter_that_reads_them(tmp_path: Path) -> None:
+    assert ship.reads_our_bytecode(os.path.realpath(sys.executable))
+    other = tmp_path / "python3"
+    other.write_text("#!/bin/sh\nprintf 0d0d0d0d\n")  # another bytecode magic
+    other.chmod(0o755)
+    assert not ship.reads_our_bytecode(str(other))
+    assert not ship.reads_our_bytecode(str(tmp_path / "missing"))

@@ -70,6 +70,7 @@ class World:
         resources: Resources | None = None,
         mounts: tuple[ExtraMount, ...] = (),
         env: dict[str, str] | None = None,
+        pass_fds: tuple[int, ...] = (),
     ) -> Policy:
         return Policy(
             argv=tuple(argv),
@@ -80,6 +81,7 @@ class World:
             network=network,
             proxy_socket=proxy_socket,
             resources=resources or Resources(),
+            pass_fds=pass_fds,
         )
 
     def run(self, script: str, *args: str, timeout: float = 30, **kw: object) -> Result:

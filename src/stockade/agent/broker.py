@@ -346,6 +346,10 @@ class BrokerServer:
             self._link.finish_request(self._conn, "jail")
         except OSError:
             pass  # the jail went away, or stop() shut the connection
+        # After /finish (or the jail's hang-up) the broker hangs up too:
+        # whatever still holds the other end gets nothing more.
+        with contextlib.suppress(OSError):
+            self._conn.shutdown(socket.SHUT_RDWR)
 
     def stop(self) -> None:
         # Wakes the thread wherever it waits on the jail (recv or send).
