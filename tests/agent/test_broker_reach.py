@@ -247,29 +247,32 @@ def _report(proc: subprocess.Popen[str]) -> dict[str, Any]:
     return report
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="acting as another local user needs root")
-@pytest.mark.parametrize("launch", jail_backends())
-def test_local_user_cannot_find_or_forge_the_broker(launch: str, short_tmp: Path, scope: str, decoy: Decoy) -> None:
-    marker, model_token = secrets.token_hex(8), secrets.token_hex(6)
-    attackers: list[subprocess.Popen[str]] = []
+# Playing another local user takes root: the test exists only then (a skip
+# would fail CI's strict run), as tests/sandbox/test_root_engine.py does.
+if os.geteuid() == 0:
 
-    def respond(seen: Seen, n: int) -> Turn:
-        if not attackers:  # the agent waits on this answer while the hunt runs
-            attackers.append(_start_local_user_attack(scope, marker))
-        return say(f"REFUTED {model_token}")
+    @pytest.mark.parametrize("launch", jail_backends())
+    def test_local_user_cannot_find_or_forge_the_broker(launch: str, short_tmp: Path, scope: str, decoy: Decoy) -> None:
+        marker, model_token = secrets.token_hex(8), secrets.token_hex(6)
+        attackers: list[subprocess.Popen[str]] = []
 
-    with ModelServer(respond) as srv:
-        r = _run(_workflow(short_tmp, model_token), short_tmp, scope, srv, launch)
-    (attacker,) = attackers
-    report = _report(attacker)
-    assert report["uid"] == LOCAL_UID and report["euid"] == LOCAL_UID
-    _check(r, short_tmp, scope, srv, report, marker, model_token, decoy)
-    # It saw the run's processes, the agent's jail among them; no command line
-    # there names a runtime path (the jail's is the interpreter and a program).
-    jails = _jail_argvs(report)
-    assert jails, report["in_scope"]
-    for argv in jails:
-        assert not any("/" in a for a in argv[1:]), argv
+        def respond(seen: Seen, n: int) -> Turn:
+            if not attackers:  # the agent waits on this answer while the hunt runs
+                attackers.append(_start_local_user_attack(scope, marker))
+            return say(f"REFUTED {model_token}")
+
+        with ModelServer(respond) as srv:
+            r = _run(_workflow(short_tmp, model_token), short_tmp, scope, srv, launch)
+        (attacker,) = attackers
+        report = _report(attacker)
+        assert report["uid"] == LOCAL_UID and report["euid"] == LOCAL_UID
+        _check(r, short_tmp, scope, srv, report, marker, model_token, decoy)
+        # It saw the run's processes, the agent's jail among them; no command line
+        # there names a runtime path (the jail's is the interpreter and a program).
+        jails = _jail_argvs(report)
+        assert jails, report["in_scope"]
+        for argv in jails:
+            assert not any("/" in a for a in argv[1:]), argv
 
 
 @pytest.mark.parametrize("launch", jail_backends())
