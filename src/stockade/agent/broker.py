@@ -1,9 +1,10 @@
 """The host broker: the only way a jailed agent reaches a model or writes a file.
 
 Serves one end of a socketpair whose other end only the item's own jail
-holds (there is no listening socket, no path and no name to reach it by), holds
-the API keys from the host environment, forwards model calls with httpx, records every request and
-response (latency, token usage, keys masked) in ``meta/transcript.jsonl``,
+holds (there is no listening socket, no path and no name to reach it by),
+holds the API keys from the host environment, forwards model calls with
+httpx, records every request and response (latency, token usage, keys
+masked) in ``meta/transcript.jsonl``,
 enforces ``max_turns`` and the step timeout, and decides every write: it
 re-checks the target, echoes ``WRITE TARGET: path``, records the intent in
 ``meta/writes.jsonl``, asks the operator under ``approve: ask`` and records the
