@@ -215,10 +215,12 @@ def try_fd_theft(pids: set[int], marker: str, talks: list[tuple[dict[str, object
     for pid in sorted(pids):
         entry: dict[str, object] = {"pid": pid}
         try:
-            entry["fds"] = os.listdir(f"/proc/{pid}/fd")
+            listed = sorted(int(n) for n in os.listdir(f"/proc/{pid}/fd"))
+            entry["fds"] = listed
         except OSError as e:
+            listed = list(range(64))  # not listable: try the usual range
             entry["fds"] = f"{type(e).__name__}: {e.errno}"
-        for fd in range(0, 12):
+        for fd in listed:
             link = f"/proc/{pid}/fd/{fd}"
             try:
                 os.close(os.open(link, os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY))
@@ -239,7 +241,7 @@ def try_fd_theft(pids: set[int], marker: str, talks: list[tuple[dict[str, object
                 entry["pidfd_open"] = e.errno
             else:
                 got = []
-                for fd in range(0, 12):
+                for fd in listed:
                     new = libc.syscall(438, pidfd, fd, 0)  # pidfd_getfd
                     if new < 0:
                         got.append(ctypes.get_errno())
