@@ -4,14 +4,14 @@ In the same run, against the same scripted model server on loopback
 (``tests/modelserver.py``, real HTTP, real OpenAI wire format):
 
 1. broker overhead per model call: the median latency of a model call made by
-   the jail side through the broker's unix socket (translation, forwarding with
+   the jail side through the broker's socketpair (translation, forwarding with
    httpx, transcript write) minus the median of the same call made directly
    with httpx to the server; target <= 5 ms;
 2. agent-step start: from entering ``start_agent`` to the first model request
    arriving at the server (broker up, jail started, interpreter and loop
    ready), per sandbox backend that works here;
-3. the jail's import time (``stockade.agent.jail``) next to ``import httpx``,
-   which the jail deliberately avoids.
+3. the jail's boot time (read the image from the socket, load its modules)
+   next to ``import httpx``, which the jail deliberately avoids.
 
 Usage: ``python bench/bench_agent.py [--calls 300] [--starts 15]``
 """
@@ -19,10 +19,10 @@ Usage: ``python bench/bench_agent.py [--calls 300] [--starts 15]``
 from __future__ import annotations
 
 import argparse
-import json
+import marshal
 import os
+import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,9 +36,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from modelserver import ModelServer, Seen, Turn, say  # noqa: E402
 
-from stockade.agent import AgentJob, start_agent  # noqa: E402
+from stockade.agent import AgentJob, ship, start_agent  # noqa: E402
 from stockade.agent.jail import BrokerClient  # noqa: E402
-from stockade.agent.session import install_jail_code, interpreter  # noqa: E402
+from stockade.agent.session import interpreter  # noqa: E402
 from stockade.agent.wire import to_openai  # noqa: E402
 from stockade.sandbox.base import Backend  # noqa: E402
 from stockade.sandbox.none import NoneBackend  # noqa: E402
@@ -66,7 +66,7 @@ def job_for(tmp: Path, env: dict[str, str], max_turns: int) -> AgentJob:
     return AgentJob(
         run_id="bench", step="s", item=0, attempt=1,
         config=Agent(model="openai/bench", prompt="Summarise sales.csv", tools=["read_file", "list_dir", "create_file"], max_turns=max_turns),
-        work_dir=work, meta_dir=meta, runtime_dir=tmp / "rt", timeout=None, host_env=env,
+        work_dir=work, meta_dir=meta, timeout=None, host_env=env,
         echo=lambda s: None, interactive=False,
     )
 
@@ -84,8 +84,11 @@ def broker_overhead(calls: int) -> None:
                 direct.append(time.perf_counter() - t0)
         brokered: list[float] = []
         with start_agent(job_for(Path(d), srv.env("openai"), max_turns=calls + 10)) as s:
-            cfg = json.loads(Path(s.launch.argv[-1]).read_text())
-            jail_side = BrokerClient(cfg["socket"])
+            # The jail's end, as the jail gets it; first the boot image.
+            sock = socket.socket(fileno=os.dup(s.launch.pass_fds[0]))
+            n = int.from_bytes(sock.recv(8, socket.MSG_WAITALL), "big")
+            marshal.loads(sock.recv(n, socket.MSG_WAITALL))
+            jail_side = BrokerClient(sock)
             for _ in range(calls):
                 t0 = time.perf_counter()
                 answer = jail_side.post("/model", {"messages": MESSAGES, "tools": []})
@@ -134,7 +137,7 @@ def agent_start(starts: int) -> None:
                 with start_agent(job) as s:
                     env = {"PATH": "/usr/bin:/bin"} | dict(s.launch.env)
                     pol = Policy(argv=s.launch.argv, work_dir=job.work_dir, scratch_dir=Path(d) / "scratch",
-                                 env=env, mounts=s.launch.mounts)
+                                 env=env, mounts=s.launch.mounts, pass_fds=s.launch.pass_fds)
                     with open(Path(d) / "jail.log", "wb") as log:
                         running = backend.start(pol, stdout=log, stderr=log)
                     got = first.wait(30)
@@ -150,25 +153,37 @@ def agent_start(starts: int) -> None:
 
 
 def imports() -> None:
-    """The jail's interpreter and its private copy of the jail modules, as launched."""
+    """The jail's interpreter and its boot, as launched (image over a socketpair)."""
     exe, _ = interpreter()
-    with tempfile.TemporaryDirectory() as d:
-        lib = Path(d) / "lib"
-        install_jail_code(lib)
+    code = ship.reads_our_bytecode(exe)
+    frame = ship.image({"prompt": "p", "tools": [], "writes": [], "max_turns": 1}, code=code)
+    # The real boot stage, but stop after importing the jail instead of serving.
+    stop = "def main(s, d):\n    g = {}\n    exec(d['real'], g)\n    import sys\n"
+    stop += "    sys.meta_path.insert(0, g['ShippedModules'](d['modules']))\n    import stockade.agent.jail\n    return 0\n"
+    data = marshal.loads(frame[8:])
+    blob = marshal.dumps({**data, "boot": stop, "real": data["boot"]}, *(() if code else (4,)))
+    probe = [exe, "-I", "-S", "-B", "-c", ship.BOOT]
 
-        def t(code: str, argv: list[str]) -> float:
-            runs = []
-            for _ in range(7):
-                t0 = time.perf_counter()
-                subprocess.run([*argv, "-c", f"import sys;sys.path.insert(0,{str(lib)!r});{code}"], check=True)
-                runs.append(time.perf_counter() - t0)
-            return statistics.median(runs)
+    def t(argv: list[str], frame: bytes | None) -> float:
+        runs = []
+        for _ in range(7):
+            here, there = socket.socketpair()
+            t0 = time.perf_counter()
+            # The jail's end at fd 3, where the boot reads it.
+            pid = os.posix_spawn(argv[0], argv, {}, file_actions=[(os.POSIX_SPAWN_DUP2, there.fileno(), 3)])
+            if frame is not None:
+                here.sendall(frame)
+            os.waitpid(pid, 0)
+            runs.append(time.perf_counter() - t0)
+            here.close()
+            there.close()
+        return statistics.median(runs)
 
-        jail = [exe, "-I", "-S", "-B"]
-        base, base_site = t("pass", jail), t("pass", [sys.executable, "-I"])
-        print(f"jail interpreter {exe} -I -S startup: {base * 1000:.1f} ms")
-        print(f"  + import stockade.agent.jail:            {(t('import stockade.agent.jail', jail) - base) * 1000:.1f} ms")
-        print(f"  + import httpx (for comparison, unused): {(t('import httpx', [sys.executable, '-I']) - base_site) * 1000:.1f} ms")
+    base, base_site = t([exe, "-I", "-S", "-B", "-c", "pass"], None), t([sys.executable, "-I", "-c", "pass"], None)
+    print(f"jail interpreter {exe} -I -S startup: {base * 1000:.1f} ms")
+    print(f"  + boot: image over the socket, load the jail's modules ({'code objects' if code else 'source'}): "
+          f"{(t(probe, len(blob).to_bytes(8, 'big') + blob) - base) * 1000:.1f} ms")
+    print(f"  + import httpx (for comparison, unused): {(t([sys.executable, '-I', '-c', 'import httpx'], None) - base_site) * 1000:.1f} ms")
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
@@ -69,9 +70,46 @@ def backends() -> list[object]:
     return out
 
 
+#: The enforcing backends with each launcher: how ``stockade run`` picks them.
+LAUNCHES: dict[str, dict[str, str]] = {
+    "bwrap": {"STOCKADE_SANDBOX": "bwrap", "STOCKADE_BWRAP_LAUNCHER": "direct"},
+    "bwrap-helper": {"STOCKADE_SANDBOX": "bwrap", "STOCKADE_BWRAP_LAUNCHER": "helper"},
+    "landlock": {"STOCKADE_SANDBOX": "landlock", "STOCKADE_LANDLOCK_LAUNCHER": "native"},
+    "landlock-python": {"STOCKADE_SANDBOX": "landlock", "STOCKADE_LANDLOCK_LAUNCHER": "python"},
+}
+
+
+def jail_backends() -> list[object]:
+    """Every enforcing backend and launcher (security tests); skipped, not hidden, where missing."""
+    out: list[object] = []
+    for name, env in LAUNCHES.items():
+        base = env["STOCKADE_SANDBOX"]
+        missing = _backend(base) is None
+        native = name in ("bwrap", "landlock")
+        if native and not missing:
+            from stockade.sandbox import _direct
+
+            missing = not _direct.available()
+        out.append(pytest.param(name, id=name, marks=pytest.mark.skipif(
+            missing, reason=f"{name} is missing or cannot start a jail here")))
+    return out
+
+
+_FALLBACKS: dict[str, Backend] = {}
+
+
 def get(name: str) -> Backend:
+    """A backend by name; ``bwrap-helper`` and ``landlock-python`` are the fallback launchers."""
     if name == "none":
         return NoneBackend()
+    if name in ("bwrap-helper", "landlock-python"):
+        if name not in _FALLBACKS:
+            from stockade.sandbox.bwrap import BwrapBackend
+            from stockade.sandbox.landlock import LandlockBackend
+
+            _FALLBACKS[name] = BwrapBackend(launcher="helper") if name == "bwrap-helper" else LandlockBackend(launcher="python")
+            atexit.register(_FALLBACKS[name].close)
+        return _FALLBACKS[name]
     b = _backend(name)
     assert b is not None
     return b
@@ -82,7 +120,6 @@ class Item:
     root: Path
     work: Path
     meta: Path
-    runtime: Path
     echoed: list[str] = field(default_factory=list)
     exit_code: int | None = None
     pids: list[int] = field(default_factory=list)
@@ -105,24 +142,23 @@ def run_item(
 ) -> tuple[AgentOutcome, Item]:
     root = tmp / "runs" / "r1" / "step" / item_name
     work, meta = root / "work", root / "meta" / "attempts" / "1"
-    runtime = Path(tmp / "rt" / item_name)
     (work / "out").mkdir(parents=True)
     for rel, text in inputs.items():
         (work / rel).parent.mkdir(parents=True, exist_ok=True)
         (work / rel).write_text(text)
     if prepare:
         prepare(work)
-    it = Item(root, work, meta, runtime)
+    it = Item(root, work, meta)
     job = AgentJob(
         run_id="r1", step="step", item=0, attempt=1, config=agent, work_dir=work, meta_dir=meta,
-        runtime_dir=runtime, timeout=timeout, host_env=dict(host_env), echo=it.echoed.append,
+        timeout=timeout, host_env=dict(host_env), echo=it.echoed.append,
         interactive=interactive,
     )
     kw = {"ask": ask} if ask else {}
     with start_agent(job, **kw) as s:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"} | dict(s.launch.env)
         policy = Policy(argv=s.launch.argv, work_dir=work, scratch_dir=tmp / "scratch" / item_name,
-                        env=env, mounts=s.launch.mounts, network="none")
+                        env=env, mounts=s.launch.mounts, network="none", pass_fds=s.launch.pass_fds)
         with open(meta / "jail.log", "wb") as logf:
             running = get(backend).start(policy, stdout=logf, stderr=logf)
             it.pids.append(running.pid)

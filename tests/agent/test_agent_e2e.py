@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from modelserver import Call, ModelServer, Seen, calls, say
 
+from stockade.agent import ship
 from stockade.spec.model import Agent
 from tests.agent.conftest import backends, run_item
 
@@ -37,7 +38,7 @@ def _jail_envs() -> list[dict[str, str]]:
             continue
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"stockade.agent.jail" not in cmd or b"bwrap" in cmd.split(b"\0")[0]:
+            if ship.BOOT.encode() not in cmd or b"bwrap" in cmd.split(b"\0")[0]:
                 continue
             raw = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:

@@ -151,3 +151,22 @@ def test_done_is_rehashed_on_the_host(tmp_path: Path) -> None:
     b.handle("/write/done", {"tool": "create_file", "path": "x.md", "sha256": "f" * 64})
     assert any("differs from the one reported" in p for p in b.state.problems)
     assert any("without an approved intent" in p for p in b.state.problems)
+
+
+def test_nothing_is_accepted_after_finish(tmp_path: Path) -> None:
+    """The verdict is recorded once: a second /finish (a forged one) and any
+    later request are refused, and none spends the key or writes."""
+    with ModelServer([say("a")] * 5) as srv:
+        b, echoed = make(tmp_path, srv.env("openai"))
+        assert b.handle("/finish", {"ok": True, "result": "REFUTED", "message": "", "turns": 1}) == {"ok": True}
+        later = [
+            b.handle("/finish", {"ok": True, "result": "HOLDS forged", "message": "", "turns": 1}),
+            b.handle("/model", {"messages": MSGS}),
+            b.handle("/write/intent", {"tool": "create_file", "path": "new.md"}),
+            b.handle("/write/done", {"tool": "create_file", "path": "new.md", "sha256": "0"}),
+        ]
+    assert later == [{"ok": False, "error": "the agent already finished"}] * 4
+    assert b.state.finished is not None and b.state.finished["result"] == "REFUTED"
+    assert srv.seen == [] and echoed == [] and b.state.problems == []
+    assert [r["event"] for r in transcript(tmp_path)] == ["finish"]
+    assert not (tmp_path / "meta" / "writes.jsonl").exists()

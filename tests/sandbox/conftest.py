@@ -78,6 +78,7 @@ class World:
         resources: Resources | None = None,
         mounts: tuple[ExtraMount, ...] = (),
         env: dict[str, str] | None = None,
+        pass_fds: tuple[int, ...] = (),
     ) -> Policy:
         return Policy(
             argv=tuple(argv),
@@ -89,6 +90,7 @@ class World:
             proxy_socket=proxy.socket_path if proxy is not None else None,
             proxy_token=proxy.token if proxy is not None else None,
             resources=resources or Resources(),
+            pass_fds=pass_fds,
         )
 
     def run(self, script: str, *args: str, timeout: float = 30, **kw: object) -> Result:

@@ -11,6 +11,7 @@ from stockade.sandbox import ExtraMount, Policy, Resources, seccomp
 from stockade.sandbox.bwrap import HostLayout, bwrap_argv, jail_env, rlimit_prefix
 from stockade.sandbox.landlock import landlock_request
 from stockade.sandbox.macos import sbpl_profile, sbpl_quote, ulimit_prefix
+from tests.unit.test_sandbox_seccomp import ALLOW, ARCH, EACCES, run_bpf
 
 LAYOUT = HostLayout(
     symlinks={"/bin": "usr/bin", "/lib": "usr/lib", "/lib64": "usr/lib64", "/sbin": "usr/sbin"},
@@ -242,3 +243,26 @@ def test_ulimit_prefix() -> None:
 def test_landlock_refuses_remapped_mounts() -> None:
     with pytest.raises(InfraError, match="host path"):
         landlock_request(policy(mounts=(ExtraMount(Path("/opt/py"), "/py"),)), abi=7, layout=LAYOUT)
+
+
+@pytest.mark.parametrize(
+    ("network", "expected"), [("none", EACCES), ("proxy", EACCES), ("open", ALLOW)]
+)
+def test_landlock_never_reenables_af_unix(network: str, expected: int) -> None:
+    """The agent's broker is an inherited fd: neither a mounted socket nor a
+    passed fd switches socket(AF_UNIX) back on (only an open network has it)."""
+    req = landlock_request(
+        policy(
+            network=network,
+            proxy_socket=Path("/p.sock"),
+            mounts=(ExtraMount(Path("/run/broker.sock"), "/run/broker.sock"),),
+            pass_fds=(7,),
+        ),
+        abi=7,
+        layout=LAYOUT,
+        relay_port=4242 if network == "proxy" else None,
+    )
+    program, arch = bytes.fromhex(req["seccomp"]), seccomp.native_arch()
+    socket_nr = seccomp.SYSCALLS[arch]["socket"]
+    assert run_bpf(program, socket_nr, ARCH[arch], (1, 1)) == expected  # AF_UNIX, SOCK_STREAM
+    assert run_bpf(program, socket_nr, ARCH[arch], (1, 2)) == expected  # AF_UNIX, SOCK_DGRAM

@@ -138,9 +138,6 @@ SOCKETS = [
     (seccomp.FilterOptions(sockets="tcp"), 40, 1, EACCES),
     (seccomp.FilterOptions(sockets="all"), 40, 1, EACCES),  # vsock ignores netns
     (seccomp.FilterOptions(sockets="all"), 16, 3, ALLOW),
-    (seccomp.FilterOptions(sockets="tcp", allow_unix=True), 1, 1, ALLOW),
-    (seccomp.FilterOptions(sockets="tcp", allow_unix=True), 2, 2, EACCES),
-    (seccomp.FilterOptions(sockets="none", allow_unix=True), 1, 1, ALLOW),
     (seccomp.FilterOptions(sockets="tcp"), 2, 1, ALLOW),
     (seccomp.FilterOptions(sockets="tcp"), 2, 1 | 0x80000 | 0x800, ALLOW),  # CLOEXEC|NONBLOCK
     (seccomp.FilterOptions(sockets="tcp"), 10, 1, ALLOW),
@@ -253,7 +250,7 @@ def test_tcp_mode_refuses_listen_and_accept(arch: str, nr: int) -> None:
     assert run_bpf(seccomp.build_filter(arch, TCP), nr, ARCH[arch], (3, 0)) == EPERM
     # The bwrap jail has its own network namespace and its in-jail relay listens.
     assert run_bpf(seccomp.build_filter(arch), nr, ARCH[arch], (3, 0)) == ALLOW
-    none = seccomp.FilterOptions(sockets="none", allow_unix=True, no_pidns=True)
+    none = seccomp.FilterOptions(sockets="none", no_pidns=True)
     assert run_bpf(seccomp.build_filter(arch, none), nr, ARCH[arch], (3, 0)) == ALLOW
 
 

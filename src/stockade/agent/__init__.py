@@ -1,7 +1,8 @@
 """Agent steps: a jailed LLM tool loop whose writes go only where the operator asked.
 
 The runner calls ``start_agent(job)``; the returned ``AgentSession`` starts the
-host broker and names what to run in the jail (``launch``); after the jail
+host broker and names what to run in the jail (``launch``, with the jail's
+end of the broker connection in ``pass_fds``); after the jail
 exits, ``finish(exit_code)`` runs the name-list gate and returns an
 ``AgentOutcome``.
 
@@ -38,8 +39,6 @@ class AgentJob:
     work_dir: Path
     #: this attempt's engine-owned record dir, never mounted
     meta_dir: Path
-    #: a private host dir outside work/ and meta/ for the socket and config
-    runtime_dir: Path
     #: the step timeout: the broker refuses model calls after it
     timeout: float | None
     #: the engine's environment: *_API_KEY and *_BASE_URL are read from here only
@@ -52,10 +51,14 @@ class AgentJob:
 
 @dataclass(frozen=True)
 class AgentLaunch:
+    #: names no runtime path and carries no config: both come over the broker fd
     argv: tuple[str, ...]
     mounts: tuple[ExtraMount, ...]
     #: extra variables for the jail; never a key
     env: Mapping[str, str]
+    #: ``Policy.pass_fds``: the jail's end of the broker connection (open
+    #: while the session is)
+    pass_fds: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """The host broker: the only way a jailed agent reaches a model or writes a file.
 
-Listens on a unix socket (mounted into the jail), holds the API keys from the
-host environment, forwards model calls with httpx, records every request and
-response (latency, token usage, keys masked) in ``meta/transcript.jsonl``,
+Serves one end of a socketpair whose other end only the item's own jail
+holds (there is no listening socket, no path and no name to reach it by),
+holds the API keys from the host environment, forwards model calls with
+httpx, records every request and response (latency, token usage, keys
+masked) in ``meta/transcript.jsonl``,
 enforces ``max_turns`` and the step timeout, and decides every write: it
 re-checks the target, echoes ``WRITE TARGET: path``, records the intent in
 ``meta/writes.jsonl``, asks the operator under ``approve: ask`` and records the
@@ -16,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import socketserver
 import threading
 import time
@@ -31,7 +34,6 @@ from stockade.agent import guard, wire
 from stockade.agent.gate import Snapshot, sha256_file
 from stockade.agent.tools import WRITE_TOOLS
 
-_SUN_PATH_MAX = 100
 MASK = "***"
 #: Provider answers worth one more try: rate limits and server errors.
 _RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
@@ -125,6 +127,10 @@ class Broker:
 
     def handle(self, route: str, payload: dict[str, Any]) -> dict[str, Any]:
         with self._lock:  # one jail, one conversation: keep records in order
+            if self.state.finished is not None:
+                # The verdict is recorded once; nothing may change it or
+                # spend the key after it.
+                return {"ok": False, "error": "the agent already finished"}
             if route == "/model":
                 return self._model(payload)
             if route == "/write/intent":
@@ -132,9 +138,8 @@ class Broker:
             if route == "/write/done":
                 return self._done(payload)
             if route == "/finish":
-                if self.state.finished is None:
-                    self.state.finished = payload
-                    self._rec.append("transcript.jsonl", {"event": "finish", **{k: payload.get(k) for k in ("ok", "result", "message", "turns")}})
+                self.state.finished = payload
+                self._rec.append("transcript.jsonl", {"event": "finish", **{k: payload.get(k) for k in ("ok", "result", "message", "turns")}})
                 return {"ok": True}
             return {"ok": False, "error": f"unknown route {route}"}
 
@@ -144,8 +149,6 @@ class Broker:
         return None if self._deadline is None else self._deadline - self._clock()
 
     def _model(self, payload: dict[str, Any]) -> dict[str, Any]:
-        if self.state.finished is not None:
-            return {"ok": False, "error": "the agent already finished"}
         remaining = self._remaining()
         if remaining is not None and remaining <= 0:
             return self._refuse(f"step timeout ({self.cfg.timeout:g}s) reached; no more model calls")
@@ -284,11 +287,11 @@ class Broker:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: _Server
+    server: _Link
 
     def do_POST(self) -> None:
-        length = int(self.headers.get("content-length") or 0)
         try:
+            length = int(self.headers.get("content-length") or 0)
             payload = json.loads(self.rfile.read(length) or b"{}")
             if not isinstance(payload, dict):
                 raise ValueError("not an object")
@@ -301,6 +304,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("content-length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+        if self.server.broker.state.finished is not None:
+            self.close_connection = True  # the conversation is over
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -309,49 +314,49 @@ class _Handler(BaseHTTPRequestHandler):
         return "jail"
 
 
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-    broker: Broker
+class _Link(socketserver.BaseServer):
+    """The one connection's ``server``: what the handler reaches the broker through."""
 
-    def server_bind(self) -> None:
-        path = str(self.server_address)
-        if len(path.encode()) <= _SUN_PATH_MAX:
-            self.socket.bind(path)
-            return
-        dfd = os.open(os.path.dirname(path), os.O_PATH)
-        try:
-            self.socket.bind(f"/proc/self/fd/{dfd}/{os.path.basename(path)}")
-        finally:
-            os.close(dfd)
+    def __init__(self, broker: Broker) -> None:
+        super().__init__("jail", _Handler)
+        self.broker = broker
 
 
 class BrokerServer:
-    """The broker on a unix socket, served from a daemon thread."""
+    """The broker on its end of the jail's socketpair, served from a daemon thread.
 
-    def __init__(self, broker: Broker, socket_path: Path) -> None:
+    Sends ``preamble`` first (the jail's boot image, see ``ship``), then
+    answers HTTP/1.1 requests on that one connection until the jail finishes
+    or closes it. No other connection can ever reach it.
+    """
+
+    def __init__(self, broker: Broker, conn: socket.socket, preamble: bytes = b"") -> None:
         self.broker = broker
-        self.socket_path = socket_path
-        self._server = _Server(str(socket_path), _Handler, bind_and_activate=False)
-        self._server.broker = broker
+        self._conn = conn
+        self._preamble = preamble
+        self._link = _Link(broker)
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        try:
-            self._server.server_bind()
-            self._server.server_activate()
-        except OSError:
-            self._server.server_close()
-            raise
-        os.chmod(self.socket_path, 0o666)  # see AgentSession: the dir name is the guard
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="stockade-broker", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="stockade-broker", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join(5)
-        self._server.server_close()
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
-        self.broker.close()
+    def _serve(self) -> None:
+        try:
+            self._conn.sendall(self._preamble)
+            self._link.finish_request(self._conn, "jail")
+        except OSError:
+            pass  # the jail went away, or stop() shut the connection
+        # After /finish (or the jail's hang-up) the broker hangs up too:
+        # whatever still holds the other end gets nothing more.
+        with contextlib.suppress(OSError):
+            self._conn.shutdown(socket.SHUT_RDWR)
 
+    def stop(self) -> None:
+        # Wakes the thread wherever it waits on the jail (recv or send).
+        with contextlib.suppress(OSError):
+            self._conn.shutdown(socket.SHUT_RDWR)
+        if self._thread is not None:
+            self._thread.join(5)
+        self._conn.close()
+        self.broker.close()

@@ -1,19 +1,19 @@
-"""The jailed half of an agent step: ``python -m stockade.agent.jail CONFIG``.
+"""The jailed half of an agent step: the tool loop against the broker connection.
 
-Reads its config (prompt, tools, writes, max_turns, broker socket) from a
-read-only file outside ``work/``, drives ``agent_loop`` against the broker over
-the unix socket and runs the tools in the work directory (its cwd). It holds no
-key and has no network; everything it says to the model goes through the
-broker, which records it.
+Started by ``stockade.agent.boot`` with the already-connected broker socket
+(inherited at fd 3, see ``ship``) and the item's config (prompt, tools,
+writes, max_turns) that came over it. Drives ``agent_loop`` against the broker
+and runs the tools in the work directory (its cwd). It holds no key, has no
+network and names no socket: everything it says to the model goes through
+that one connection, which the broker records.
 
-Standard library only (a minimal HTTP/1.1 client over ``AF_UNIX``): the jail must
-start fast and must not import httpx, pydantic or the engine.
+Standard library only (a minimal HTTP/1.1 client over the socket): the jail
+must start fast and must not import httpx, pydantic or the engine.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 from pathlib import Path
@@ -30,41 +30,19 @@ from stockade.agent.loop import (
     drive,
 )
 
-#: ``sun_path`` holds 108 bytes; longer socket paths go through /proc/self/fd.
-_SUN_PATH_MAX = 100
-
-
-def connect_unix(path: str, timeout: float | None = None) -> socket.socket:
-    """Connect to a unix socket, even one whose path is longer than sun_path."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    if len(path.encode()) <= _SUN_PATH_MAX:
-        sock.connect(path)
-        return sock
-    dfd = os.open(os.path.dirname(path), os.O_PATH)
-    try:
-        sock.connect(f"/proc/self/fd/{dfd}/{os.path.basename(path)}")
-    finally:
-        os.close(dfd)
-    return sock
-
 
 class BrokerClient:
-    """JSON over HTTP/1.1 to the host broker on one keep-alive unix connection.
+    """JSON over HTTP/1.1 to the host broker on the jail's one connection.
 
     A dozen lines instead of ``http.client``: that module pulls in ``email``
     and ``ssl`` and would double the jail's import time.
     """
 
-    def __init__(self, socket_path: str) -> None:
-        self._path = socket_path
-        self._sock: socket.socket | None = None
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
         self._buf = b""
 
     def _exchange(self, route: str, body: bytes) -> bytes:
-        if self._sock is None:
-            self._sock = connect_unix(self._path)
-            self._buf = b""
         head = f"POST {route} HTTP/1.1\r\nHost: broker\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         self._sock.sendall(head.encode() + body)
         while b"\r\n\r\n" not in self._buf:
@@ -82,7 +60,6 @@ class BrokerClient:
         return data
 
     def _recv(self) -> None:
-        assert self._sock is not None
         chunk = self._sock.recv(65536)
         if not chunk:
             raise ConnectionError("the broker closed the connection")
@@ -116,8 +93,7 @@ class BrokerClient:
         self.post("/write/done", {"tool": tool, "path": path, "sha256": sha256})
 
 
-def run(config: dict[str, Any], root: Path) -> Finished:
-    client = BrokerClient(config["socket"])
+def run(config: dict[str, Any], root: Path, client: BrokerClient) -> Finished:
     ws = Workspace(
         root=root,
         allowed=tuple(config["tools"]),
@@ -138,23 +114,15 @@ def run(config: dict[str, Any], root: Path) -> Finished:
     return fin
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m stockade.agent.jail CONFIG", file=sys.stderr)
-        return 2
-    config = json.loads(Path(args[0]).read_text())
+def serve(sock: socket.socket, config: dict[str, Any]) -> int:
+    """Run the item's loop over ``sock``; the exit status of the jail."""
     try:
-        fin = run(config, Path.cwd())
+        fin = run(config, Path.cwd(), BrokerClient(sock))
     except OSError as e:
-        print(f"agent: lost the model broker at {config['socket']}: {e}", file=sys.stderr, flush=True)
+        print(f"agent: lost the model broker: {e}", file=sys.stderr, flush=True)
         return 3
     if fin.ok:
         print(fin.result, flush=True)
         return 0
     print(f"agent failed: {fin.message}", file=sys.stderr, flush=True)
     return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,10 +1,12 @@
 """One agent item on the host: broker up, jail launch described, gate at the end.
 
 ``start_agent(job)`` returns an ``AgentSession``. Entering it snapshots
-``work/``, puts the jail's config, a copy of the jail's (stdlib-only)
-modules and the broker's unix socket in an unguessable folder under
-``runtime_dir`` (each mounted read-only, never inside ``work/``), and starts
-the broker.
+``work/``, makes the socketpair between broker and jail and starts the broker
+on its end; ``launch`` then names what to run in the jail: the interpreter
+with ``ship.BOOT`` (no path of the engine's, no config) and the jail's end as
+``pass_fds``. Over it the jail receives its code and config
+(``ship.image``). Nothing of the item's agent exists on disk outside
+``work/`` and ``meta/``.
 ``finish(exit_code)`` compares ``work/`` with the snapshot (the name-list
 gate), writes ``meta/changes.diff`` and ``meta/outcome.json``, and returns the
 ``AgentOutcome``.
@@ -14,17 +16,13 @@ Must not import the runner, workspace or cli.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import functools
 import json
 import os
-import py_compile
-import secrets
 import shutil
+import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -33,15 +31,11 @@ from types import TracebackType
 
 import httpx
 
-from stockade.agent import AgentJob, AgentLaunch, AgentOutcome, gate, patch, wire
+from stockade.agent import AgentJob, AgentLaunch, AgentOutcome, gate, patch, ship, wire
 from stockade.agent.broker import Broker, BrokerConfig, BrokerServer, Recorder
 from stockade.sandbox.policy import ExtraMount
 
 _TTY_LOCK = threading.Lock()
-
-#: The jail's entry: isolated mode, no site, no bytecode writes; the folder
-#: with the jail's modules is put on sys.path explicitly (site is off).
-_BOOT = "import sys;sys.path.insert(0,sys.argv.pop(1));from stockade.agent.jail import main;sys.exit(main())"
 
 
 def ask_on_tty(path: str) -> bool:
@@ -64,13 +58,6 @@ def ask_on_tty(path: str) -> bool:
             return False
         finally:
             os.close(fd)
-
-
-#: What the jail runs: stdlib-only modules, copied into the item's private
-#: runtime folder so the jail needs no path of the engine's installation (and
-#: sees none of the engine besides them).
-JAIL_MODULES = ("__init__.py", "fs.py", "guard.py", "jail.py", "loop.py", "patch.py", "tools.py")
-_PACKAGE_STUB = '"""stockade, as the agent jail sees it: only stockade.agent\'s jail side."""\n'
 
 
 def _reachable(path: Path) -> bool:
@@ -112,56 +99,19 @@ def interpreter() -> tuple[str, Path]:
     return own, own_prefix
 
 
-@functools.cache
-def _jail_code_template() -> Path:
-    """The jail's modules with bytecode, built once per engine process.
-
-    Bytecode is compiled as unchecked-hash pycs, so the jail (run with -B,
-    on a read-only mount) loads them without compiling: about half its
-    import time. A jail interpreter of another version ignores them.
-    """
-    root = Path(tempfile.mkdtemp(prefix="stockade-jail-code-"))
-    atexit.register(shutil.rmtree, root, True)
-    src = Path(__file__).resolve().parent
-    dest = root / "stockade" / "agent"
-    dest.mkdir(parents=True)
-    (root / "stockade" / "__init__.py").write_text(_PACKAGE_STUB)
-    for name in JAIL_MODULES:
-        shutil.copyfile(src / name, dest / name)
-    for f in [root / "stockade" / "__init__.py", *(dest / n for n in JAIL_MODULES)]:
-        py_compile.compile(str(f), doraise=True, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
-    return root
-
-
-def install_jail_code(lib: Path) -> None:
-    """Copy the jail's modules (and their bytecode) into ``lib``, readable by any uid."""
-    shutil.copytree(_jail_code_template(), lib)
-    for dirpath, _dirs, filenames in os.walk(lib):
-        os.chmod(dirpath, 0o755)
-        for f in filenames:
-            os.chmod(os.path.join(dirpath, f), 0o644)
-
-
-def jail_launch(config_path: Path, socket_path: Path, lib: Path) -> AgentLaunch:
+def jail_launch(broker_fd: int) -> AgentLaunch:
+    """The jail's command line (isolated, no site, no bytecode writes) and what it needs."""
     exe, prefix = interpreter()
     return AgentLaunch(
-        argv=(exe, "-I", "-S", "-B", "-c", _BOOT, str(lib), str(config_path)),
-        mounts=(
-            ExtraMount(prefix, str(prefix)),
-            ExtraMount(lib, str(lib)),
-            # The socket and the config file themselves, not their folder: the
-            # landlock backend re-allows AF_UNIX only when a mounted path is a socket.
-            ExtraMount(socket_path, str(socket_path)),
-            ExtraMount(config_path, str(config_path)),
-        ),
+        argv=(exe, "-I", "-S", "-B", "-c", ship.BOOT),
+        mounts=(ExtraMount(prefix, str(prefix)),),
         env={},  # -I ignores PYTHON* variables anyway; nothing of the host is needed
+        pass_fds=(broker_fd,),  # lands on ship.BROKER_FD, the first passed fd
     )
 
 
 class AgentSession:
     """A context manager around the broker; see the module docstring."""
-
-    launch: AgentLaunch
 
     def __init__(
         self,
@@ -177,38 +127,30 @@ class AgentSession:
         self._http = http
         self._server: BrokerServer | None = None
         self._broker: Broker | None = None
+        self._jail_end: socket.socket | None = None
+        self._launch: AgentLaunch | None = None
         self._before: gate.Snapshot = {}
         self.diff = ""
-        # The jail may run as another uid (bwrap runs it as nobody when the
-        # engine is root), so the socket must be connectable by it. The
-        # unguessable directory name keeps other local users from finding it:
-        # runtime_dir itself is made traversable but not listable.
-        self._rt = job.runtime_dir.resolve() / secrets.token_hex(12)
-        self._config_path = self._rt / "agent.json"
-        self._socket_path = self._rt / "broker.sock"
-        self._lib = self._rt / "lib"
-        self.launch = jail_launch(self._config_path, self._socket_path, self._lib)
+
+    @property
+    def launch(self) -> AgentLaunch:
+        """What to run in the jail; its ``pass_fds`` is open only inside the with-block."""
+        if self._launch is None:
+            raise RuntimeError("launch is known only inside the session's with-block")
+        return self._launch
 
     def __enter__(self) -> AgentSession:
         job, cfg = self.job, self.job.config
         provider, model = wire.split_model(cfg.model)
-        job.runtime_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(job.runtime_dir, 0o711)
-        self._rt.mkdir(mode=0o711)
-        os.chmod(self._rt, 0o711)
-        install_jail_code(self._lib)
         job.meta_dir.mkdir(parents=True, exist_ok=True)
         work = job.work_dir.resolve()
         self._before = gate.snapshot(work)
         jail_config = {
-            "socket": str(self._socket_path),
             "prompt": cfg.prompt,
             "tools": list(cfg.tools),
             "writes": list(cfg.writes),
             "max_turns": cfg.max_turns,
         }
-        self._config_path.write_text(json.dumps(jail_config))
-        os.chmod(self._config_path, 0o644)
         record = {
             **jail_config,
             "model": cfg.model,
@@ -219,10 +161,11 @@ class AgentSession:
             "attempt": job.attempt,
             "timeout": job.timeout,
         }
-        record.pop("socket")
         (job.meta_dir / "agent.json").write_text(json.dumps(record, indent=2))
         keys = [v for k, v in job.host_env.items() if k.endswith(("_KEY", "_TOKEN", "_SECRET"))]
         recorder = Recorder(job.meta_dir, keys)
+        exe, _prefix = interpreter()
+        preamble = ship.image(jail_config, code=ship.reads_our_bytecode(exe))
         self._broker = Broker(
             BrokerConfig(
                 provider=provider,
@@ -244,21 +187,25 @@ class AgentSession:
             clock=self._clock,
             http=self._http,
         )
-        self._server = BrokerServer(self._broker, self._socket_path)
+        # The broker's only line: one end here, the other inherited by the
+        # item's jail alone (close-on-exec in the engine, so no other child
+        # of the engine gets it). No path, no name, nothing to connect to.
+        here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._jail_end = there
+        self._launch = jail_launch(there.fileno())
+        self._server = BrokerServer(self._broker, here, preamble)
         self._server.start()
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self._jail_end is not None:
+            self._jail_end.close()
+            self._jail_end = None
         if self._server is not None:
             self._server.stop()
             self._server = None
-        for p in (self._config_path, self._socket_path):
-            p.unlink(missing_ok=True)
-        shutil.rmtree(self._lib, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            self._rt.rmdir()
 
     def finish(self, exit_code: int | None) -> AgentOutcome:
         """The outcome after the jail exited (``None``: it was killed or timed out)."""

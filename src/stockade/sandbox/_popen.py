@@ -11,14 +11,36 @@ import os
 import select
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
+
+#: Moves inherited fds to 3, 4, ... and execs the command: subprocess keeps
+#: ``pass_fds`` at their own numbers, and a ``preexec_fn`` is unsafe in a
+#: threaded engine. Costs one interpreter start, only when fds are passed.
+_PLACE_FDS = (
+    "import fcntl,os,sys\n"
+    "k=int(sys.argv[1]);src=[int(x) for x in sys.argv[2:2+k]];argv=sys.argv[2+k:]\n"
+    "high=[fcntl.fcntl(f,fcntl.F_DUPFD_CLOEXEC,100) for f in src]\n"
+    "for f in src:os.close(f)\n"
+    "for i,f in enumerate(high):os.dup2(f,3+i)\n"
+    "for f in high:os.close(f)\n"
+    "os.execvp(argv[0],argv)\n"
+)
+
+
+def place_fds_argv(argv: Sequence[str], fds: Sequence[int]) -> list[str]:
+    """``argv`` behind the shim that puts ``fds`` at 3, 4, ... (unchanged without fds)."""
+    if not fds:
+        return list(argv)
+    return [sys.executable, "-I", "-S", "-c", _PLACE_FDS, str(len(fds)), *map(str, fds), *argv]
 
 
 class PopenJail:
     """A child started with ``start_new_session=True`` so its group can be killed whole.
 
+    ``fds`` are open fds the child gets at 3, 4, ... (``Policy.pass_fds``).
     ``user``/``group`` switch the child to another uid before exec (the engine
     runs as root: the jail must not be host root, see ``bwrap``).
     ``on_exit`` runs once after the child has been reaped (releases helpers).
@@ -32,13 +54,13 @@ class PopenJail:
         env: Mapping[str, str],
         stdout: IO[bytes] | int,
         stderr: IO[bytes] | int,
-        pass_fds: Sequence[int] = (),
+        fds: Sequence[int] = (),
         user: int | None = None,
         group: int | None = None,
         on_exit: Callable[[], None] | None = None,
     ) -> None:
         self._proc = subprocess.Popen(
-            list(argv),
+            place_fds_argv(argv, fds),
             cwd=cwd,
             env=dict(env),
             stdin=subprocess.DEVNULL,
@@ -46,7 +68,7 @@ class PopenJail:
             stderr=stderr,
             start_new_session=True,
             close_fds=True,
-            pass_fds=tuple(pass_fds),
+            pass_fds=tuple(fds),
             user=user,
             group=group,
             extra_groups=[] if user is not None else None,

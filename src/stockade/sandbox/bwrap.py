@@ -467,15 +467,18 @@ class BwrapBackend(Backend):
             os.write(wfd, program)  # < 1 KiB: fits the pipe buffer
             os.close(wfd)
             wfd = -1
+            # The launchers place extra fds at 3, 4, ...: the policy's own
+            # first, so the jail finds them at 3, ... (bwrap passes inherited
+            # fds on and closes the seccomp one after reading it).
             argv = bwrap_argv(
                 policy,
                 layout,
-                seccomp_fd=3,  # the launchers place the first extra fd at 3
+                seccomp_fd=3 + len(policy.pass_fds),
                 relay_script=relay,
                 sources=dict(bridges),
                 bwrap=self._bwrap,
             )
-            fds = [fileno(stdout), fileno(stderr), rfd]
+            fds = [fileno(stdout), fileno(stderr), *policy.pass_fds, rfd]
             if self.launcher == "direct" and not bridges:
                 try:
                     return self._direct.spawn(

@@ -10,8 +10,9 @@ root), and read and write its ``work/`` (cwd) and a private scratch directory
 the egress relay's port with ``network: proxy``; seccomp refuses INET sockets
 entirely with ``network: none``, and with ``proxy`` everything Landlock's TCP
 hooks do not see (UDP, raw, MPTCP, SCTP, TCP Fast Open, ``listen``), and
-AF_UNIX sockets unless the policy mounts a socket; abstract unix sockets and signals are
-scoped to the jail (ABI >= 6). ``setsid``/``setpgid`` are refused so the
+AF_UNIX sockets unless the network is open (an agent's broker is an
+inherited, already connected socket: nothing to connect to); abstract unix
+sockets and signals are scoped to the jail (ABI >= 6). ``setsid``/``setpgid`` are refused so the
 whole jail stays in one process group that a timeout can kill.
 
 Launch: ``landlock_request`` (pure) turns a policy into the request the
@@ -25,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import stat
 import sys
 import threading
 from collections.abc import Mapping
@@ -64,7 +64,6 @@ def landlock_request(
     uid: int | None = None,
     gid: int | None = None,
     relay_port: int | None = None,
-    unix_sockets: bool = False,
     launcher: Launcher = "native",
 ) -> dict[str, Any]:
     """The fork server request for ``policy``. Pure: no I/O."""
@@ -109,7 +108,7 @@ def landlock_request(
     sockets = {"none": "none", "proxy": "tcp", "open": "all"}[policy.network]
     program = seccomp.build_filter(
         seccomp.native_arch(),
-        seccomp.FilterOptions(sockets=sockets, allow_unix=unix_sockets, no_pidns=True),
+        seccomp.FilterOptions(sockets=sockets, no_pidns=True),
     )
     r = policy.resources
     return {
@@ -188,13 +187,6 @@ class LoopbackRelay:
             os.close(self._target_fd)
 
 
-def _is_socket(path: Path) -> bool:
-    try:
-        return stat.S_ISSOCK(path.stat().st_mode)
-    except OSError:
-        return False
-
-
 class LandlockBackend(Backend):
     name = "landlock"
 
@@ -252,8 +244,6 @@ class LandlockBackend(Backend):
             "(the limit is set to the current count plus the step's share); when the engine "
             "runs as root and a step needs a path only root can reach, the jail keeps uid 0 "
             "without capabilities and RLIMIT_NPROC does not apply",
-            "a mounted unix socket (agent broker) re-enables AF_UNIX sockets: the step can then "
-            "connect to any pathname unix socket it can name",
             "/dev/stdout and /dev/stderr can be reopened only when they are files",
         ]
         if self.abi < 4:
@@ -306,10 +296,11 @@ class LandlockBackend(Backend):
                 uid=uid,
                 gid=gid,
                 relay_port=relay_port,
-                unix_sockets=any(_is_socket(m.source) for m in policy.mounts),
                 launcher=self.launcher,
             )
-            job = self._helpers.spawn(request, (fileno(stdout), fileno(stderr)))
+            # The helper places the policy's fds at 3, 4, ... in the jail.
+            fds = (fileno(stdout), fileno(stderr), *policy.pass_fds)
+            job = self._helpers.spawn(request, fds)
         except BaseException:
             for hook in on_exit:
                 hook()

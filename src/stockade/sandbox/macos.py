@@ -144,5 +144,6 @@ class SandboxExecBackend(Backend):
         if policy.network == "proxy":
             env.update(proxy_env(proxy_url(policy, PROXY_PORT)))
         return PopenJail(
-            sandbox_exec_argv(policy), cwd=policy.work_dir, env=env, stdout=stdout, stderr=stderr
-        )
+            sandbox_exec_argv(policy), cwd=policy.work_dir, env=env, stdout=stdout, stderr=stderr,
+            fds=policy.pass_fds,
+        )  # fmt: skip

@@ -35,4 +35,7 @@ class NoneBackend(Backend):
         env = dict(policy.env)
         env["HOME"] = str(policy.scratch_dir)
         env["TMPDIR"] = str(policy.scratch_dir)
-        return PopenJail(policy.argv, cwd=policy.work_dir, env=env, stdout=stdout, stderr=stderr)
+        return PopenJail(
+            policy.argv, cwd=policy.work_dir, env=env, stdout=stdout, stderr=stderr,
+            fds=policy.pass_fds,
+        )  # fmt: skip

@@ -72,3 +72,7 @@ class Policy:
     #: password of the proxy URL the jail gets. Never on a command line.
     proxy_token: str | None = None
     resources: Resources = field(default_factory=Resources)
+    #: Open host fds the process inherits, at 3, 4, ... in this order (the
+    #: agent's already-connected broker socket): nothing in the jail names
+    #: them by path. The backend duplicates them; the caller keeps its own.
+    pass_fds: tuple[int, ...] = ()

@@ -187,12 +187,11 @@ class FilterOptions:
     ``sockets``: ``"all"`` allows every family but AF_VSOCK (the jail has
     its own empty network namespace, or the network is open); ``"tcp"``
     allows only AF_INET/AF_INET6 stream sockets (landlock limits their
-    ports); ``"none"`` allows no socket family at all. ``allow_unix`` adds
-    AF_UNIX sockets (a mounted broker socket). ``socketpair`` is unaffected.
+    ports); ``"none"`` allows no socket family at all. ``socketpair`` and
+    inherited sockets (an agent's broker connection) are unaffected.
     """
 
     sockets: str = "all"
-    allow_unix: bool = False
     no_pidns: bool = False
 
 
@@ -210,15 +209,13 @@ def _socket_block(opts: FilterOptions) -> list[tuple[int, int, int, int]]:
     ``AF_VSOCK`` is refused in every mode: vsock is not network-namespaced,
     so even a jail with an empty network namespace could reach the
     hypervisor's services on a VM. Without an open network the families are
-    an allowlist: AF_UNIX only when asked for, and TCP for the proxy.
+    an allowlist: TCP for the proxy, nothing else (never AF_UNIX).
     """
     deny = _ins(RET_K, 0, 0, _errno(errno.EACCES))
     allow = _ins(RET_K, 0, 0, RET_ALLOW)
     body: list[tuple[int, int, int, int]] = [_ins(LD_W_ABS, 0, 0, arg_lo(0))]
     if opts.sockets == "all":
         return [*body, _ins(JEQ_K, 0, 1, AF_VSOCK), deny, allow]
-    if opts.allow_unix:
-        body += [_ins(JEQ_K, 0, 1, AF_UNIX), allow]
     if opts.sockets == "tcp":
         # Landlock's rules apply to TCP only: IPPROTO_MPTCP (or SCTP) with
         # SOCK_STREAM would connect past them. EPROTONOSUPPORT is what a

@@ -7,9 +7,6 @@ import the engine, the executors or the CLI.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
 from typing import ClassVar
 
 from stockade.agent import AgentJob, start_agent
@@ -48,31 +45,25 @@ class AgentKind:
             prompt = str(render(compile_template(step.agent.prompt), attempt.context,
                                 functions=run.functions))
         config = step.agent.model_copy(update={"prompt": prompt})
-        # Unix socket paths are limited to ~108 bytes, so the runtime dir is short.
-        runtime = Path(tempfile.mkdtemp(prefix="stockade-"))
         dirs = attempt.dirs
-        try:
-            job = AgentJob(
-                run_id=run.run_id, step=step.id, item=attempt.item.index, attempt=attempt.number,
-                config=config, work_dir=dirs.work, meta_dir=attempt.meta, runtime_dir=runtime,
-                timeout=step.timeout, host_env=run.host_env, echo=run.echo,
-                interactive=run.interactive,
+        job = AgentJob(
+            run_id=run.run_id, step=step.id, item=attempt.item.index, attempt=attempt.number,
+            config=config, work_dir=dirs.work, meta_dir=attempt.meta, timeout=step.timeout,
+            host_env=run.host_env, echo=run.echo, interactive=run.interactive,
+        )
+        with start_agent(job) as session:
+            launch = session.launch
+            policy = Policy(
+                argv=tuple(launch.argv), work_dir=dirs.work, scratch_dir=dirs.scratch,
+                env={**world.env, **launch.env}, mounts=tuple(launch.mounts), network="none",
+                resources=resources_of(step), pass_fds=launch.pass_fds,
             )
-            with start_agent(job) as session:
-                launch = session.launch
-                policy = Policy(
-                    argv=tuple(launch.argv), work_dir=dirs.work, scratch_dir=dirs.scratch,
-                    env={**world.env, **launch.env}, mounts=tuple(launch.mounts), network="none",
-                    resources=resources_of(step),
-                )
-                code, timed_out = run_jail(attempt, world.backend, policy, world.masker)
-                result = session.finish(code)
-                # A coding step hands its edits downstream as a unified diff, unless
-                # the agent itself wrote a file by that name.
-                if result.ok and result.diff and not (dirs.out / "changes.diff").exists():
-                    (dirs.out / "changes.diff").write_text(result.diff, encoding="utf-8")
-        finally:
-            shutil.rmtree(runtime, ignore_errors=True)
+            code, timed_out = run_jail(attempt, world.backend, policy, world.masker)
+            result = session.finish(code)
+            # A coding step hands its edits downstream as a unified diff, unless
+            # the agent itself wrote a file by that name.
+            if result.ok and result.diff and not (dirs.out / "changes.diff").exists():
+                (dirs.out / "changes.diff").write_text(result.diff, encoding="utf-8")
         outcome = finish(attempt, started, code, timed_out)
         if outcome.status is AttemptStatus.SUCCEEDED and not result.ok:
             outcome = Outcome(AttemptStatus.FAILED, attempt.number, message=result.message,
