@@ -255,6 +255,7 @@ def test_landlock_never_reenables_af_unix(network: str, expected: int) -> None:
         policy(
             network=network,
             proxy_socket=Path("/p.sock"),
+            proxy_token="t" * 32,
             mounts=(ExtraMount(Path("/run/broker.sock"), "/run/broker.sock"),),
             pass_fds=(7,),
         ),
