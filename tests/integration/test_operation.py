@@ -347,3 +347,55 @@ def test_ui_refuses_a_taken_port_and_a_missing_root(project: Project, tmp_path: 
         port = s.getsockname()[1]
         taken = project.run("ui", "--port", str(port))
     assert taken.code == 2 and "in use" in taken.err and "Traceback" not in taken.err
+
+
+def test_a_taken_run_id_in_a_shared_store_is_refused_without_an_orphan_folder(
+    project: Project, tmp_path: Path
+) -> None:
+    wf = project.write("wf.yaml", "name: shared\nsteps:\n  - id: a\n    run: 'true'\n")
+    store = f"sqlite:///{tmp_path / 'shared.db'}"
+    first = project.run("run", str(wf), "--run-id", "dup1", "--store", store,
+                        "--root", str(tmp_path / "root-a"))
+    assert first.code == 0, first.err
+    second = project.run("run", str(wf), "--run-id", "dup1", "--store", store,
+                         "--root", str(tmp_path / "root-b"))
+    assert second.code == 2
+    assert "taken" in second.err and "Traceback" not in second.err
+    assert not (tmp_path / "root-b" / "runs" / "dup1").exists()
+
+
+def test_a_refused_publish_is_not_retried(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: refusal
+        vars: {scheme: ftp}
+        steps:
+          - id: pub
+            retries: 3
+            retry_delay: 0
+            publish:
+              to: "{{ vars.scheme }}://example/x"
+              key: k
+              payload: 1
+    """)
+    r = project.run("run", str(wf), "--run-id", "ref1")
+    assert r.code == 1
+    item = project.run("show", "ref1", "pub", "--json").json()
+    assert [a["attempt"] for a in item["attempts"]] == [1]
+    assert "unknown sink" in item["item"]["message"]
+
+
+def test_meta_is_the_engines_alone(project: Project) -> None:
+    import stat
+    import subprocess
+
+    wf = project.write("wf.yaml", "name: m\nsteps:\n  - id: a\n    run: echo private\n")
+    assert project.run("run", str(wf), "--run-id", "meta1").code == 0
+    meta = project.item("meta1", "a") / "meta"
+    assert stat.S_IMODE(meta.stat().st_mode) & 0o077 == 0
+    if os.geteuid() == 0:
+        # Another local user cannot list it or read a capture in it.
+        other = subprocess.run(
+            ["setpriv", "--reuid=54321", "--regid=54321", "--clear-groups",
+             "cat", str(meta / "attempts" / "1" / "stdout")],
+            capture_output=True, text=True)
+        assert other.returncode != 0 and "private" not in other.stdout

@@ -152,9 +152,11 @@ class ItemDir:
             # Top-down, so no mkdir fails on a missing parent first (the
             # step's folder exists after its first item).
             os.makedirs(self.path, exist_ok=True)
-            for d in (self.meta, self.attempts):
+            # meta/ is the engine's alone (prompts, transcripts, logs): no
+            # other local user, jail uids included, may list or read it.
+            for d, mode in ((self.meta, 0o700), (self.attempts, 0o755)):
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(d)
+                    os.mkdir(d, mode)
         os.mkdir(self.attempt_dir(n))
         os.mkdir(work)
         os.mkdir(os.path.join(work, "out"))
