@@ -17,6 +17,7 @@ from stockade.store import (
     Event,
     ItemRecord,
     PublishRecord,
+    ReuseEntry,
     RunExists,
     RunRecord,
     SQLiteStore,
@@ -375,3 +376,58 @@ def test_store_survives_fork(store: Store) -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert {r.run_id for r in store.list_runs()} == {"parent", "child"}
+
+
+# -- finding, deleting, keys, reuse --------------------------------------------
+
+
+def test_find_runs_by_literal_prefix(store: Store) -> None:
+    for rid, at in (("abcd-1", 1.0), ("abcd-2", 2.0), ("ab_d-3", 3.0), ("xyz", 4.0)):
+        store.create_run(run(rid, at))
+    assert [r.run_id for r in store.find_runs("abcd")] == ["abcd-2", "abcd-1"]
+    # "_" and "%" are taken literally, never as LIKE wildcards.
+    assert [r.run_id for r in store.find_runs("ab_d")] == ["ab_d-3"]
+    assert store.find_runs("ab%") == []
+    assert store.find_runs("ABCD") == []
+
+
+def test_items_keep_their_keys_and_reuse_origin(store: Store) -> None:
+    store.create_run(run())
+    origin = {"run_id": "r0", "step": "a", "item": 3, "attempt": 1}
+    store.complete_item(ItemRecord("r1", "a", 0, "succeeded", 1, key="S003",
+                                   reused_from=origin), [])
+    store.complete_item(ItemRecord("r1", "a", 1, "succeeded", 1), [])
+    got = {i.item: i for i in store.items("r1")}
+    assert got[0].key == "S003" and got[0].label == "S003" and got[0].reused_from == origin
+    assert got[1].label == "1" and got[1].reused_from is None
+
+
+def test_delete_run_forgets_everything_of_that_run_only(store: Store) -> None:
+    for rid in ("r1", "r2"):
+        store.create_run(run(rid))
+        art = ArtifactRecord(rid, "a", 0, 1, "o.txt", "cd" * 32, 3)
+        store.record_batch([AttemptRecord(rid, "a", 0, 1, "succeeded", 0, 1.0, 2.0)],
+                           [(ItemRecord(rid, "a", 0, "succeeded", 1), [art])])
+        store.add_event(Event(rid, 1.0, "x", {}))
+        store.index_reuse([ReuseEntry(f"k-{rid}", rid, "a", 0, 1, 1.0)])
+    store.delete_run("r1")
+    assert store.get_run("r1") is None and store.items("r1") == []
+    assert store.attempts("r1", "a", 0) == [] and store.events("r1") == []
+    assert store.reuse_candidates(["k-r1"]) == {}
+    assert store.get_run("r2") is not None and len(store.items("r2")) == 1
+    assert len(store.reuse_candidates(["k-r2"])["k-r2"]) == 1
+
+
+def test_reuse_candidates_newest_first_with_outputs(store: Store) -> None:
+    for rid, at in (("old", 1.0), ("new", 2.0), ("this", 3.0)):
+        store.create_run(run(rid, at, root=f"/roots/{rid}"))
+        arts = [ArtifactRecord(rid, "a", 0, 2, "o.txt", "cd" * 32, 3)]
+        store.complete_item(ItemRecord(rid, "a", 0, "succeeded", 2), arts)
+        store.index_reuse([ReuseEntry("k", rid, "a", 0, 2, at)])
+    got = store.reuse_candidates(["k", "missing"], exclude_run="this")
+    assert list(got) == ["k"]
+    assert [(c.run_id, c.root) for c in got["k"]] == [("new", "/roots/new"), ("old", "/roots/old")]
+    assert [o.name for o in got["k"][0].outputs] == ["o.txt"]
+    assert len(store.reuse_candidates(["k"], limit=1)["k"]) == 1
+    many = [f"k{i}" for i in range(1200)]
+    assert store.reuse_candidates(many) == {}

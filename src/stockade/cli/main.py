@@ -148,7 +148,7 @@ def _finish(result: Any, as_json: bool, t0: float) -> None:
             "run_id": result.run_id, "status": str(s.status), "run_dir": str(result.run_path),
             "sandbox": {"backend": result.sandbox.backend.name, "enforced": result.sandbox.enforced},
             "steps": {k: str(v) for k, v in s.steps.items()}, "items": s.items,
-            "retries": dict(s.retries), "problems": list(s.messages),
+            "retries": dict(s.retries), "reused": dict(s.reused), "problems": list(s.messages),
             "duration": round(time.monotonic() - t0, 3),
         }, indent=2, sort_keys=True))
     else:
@@ -159,6 +159,8 @@ def _finish(result: Any, as_json: bool, t0: float) -> None:
         total = sum(sum(c.values()) for c in s.items.values())
         retried = sum(s.retries.values())
         extra = f", {retried} {'retry' if retried == 1 else 'retries'}" if retried else ""
+        reused = sum(s.reused.values())
+        extra += f", {reused} reused" if reused else ""
         click.echo(f"run {result.run_id} {s.status} in {time.monotonic() - t0:.1f}s "
                    f"({_plural(total, 'item')}{extra}); details: stockade show {result.run_id}",
                    err=True)
@@ -189,16 +191,20 @@ def _announce(as_json: bool, reporter: Any) -> Callable[[str, Path, Any], None]:
               help="backend: bwrap, landlock, sandbox-exec or none (default: best available)")
 @click.option("--store", "store_url", default=None, envvar="STOCKADE_STORE",
               help="run store: a PostgreSQL URL (default: SQLite in the root)")
+@click.option("--reuse/--no-reuse", "reuse", default=None,
+              help="take unchanged items from earlier runs (default: the workflow's reuse:)")
 @json_option
 @friendly
 def run(file: Path, run_id: str | None, vars_: tuple[str, ...], jobs: int | None, root: str | None,
-        require_sandbox: bool, sandbox_name: str | None, store_url: str | None, as_json: bool) -> None:
+        require_sandbox: bool, sandbox_name: str | None, store_url: str | None,
+        reuse: bool | None, as_json: bool) -> None:
     """Start a run of FILE and execute it."""
     from stockade.runner.session import RunOptions, start_run
 
     t0 = time.monotonic()
     opts = RunOptions(root=_root(root), jobs=jobs, run_id=run_id, overrides=_parse_vars(vars_),
-                      sandbox=sandbox_name, require_sandbox=require_sandbox, store_url=store_url)
+                      sandbox=sandbox_name, require_sandbox=require_sandbox, store_url=store_url,
+                      reuse=reuse)
     reporter = _reporter(as_json)
     reporter.start()
     try:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any
 
-GOOD = ("succeeded", "kept")
+GOOD = ("succeeded", "kept", "reused")
 
 
 @dataclass
@@ -24,6 +24,7 @@ class _StepLine:
     done: int = 0
     failed: int = 0
     retries: int = 0
+    reused: int = 0
     status: str = "pending"
 
     @property
@@ -105,14 +106,15 @@ class LiveReporter(PlainReporter):
         from rich.table import Table
 
         table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
-        for col in ("step", "items", "done", "running", "queued", "failed", "retries", "status"):
+        for col in ("step", "items", "done", "running", "queued", "failed", "retries", "reused",
+                    "status"):
             table.add_column(col)
         with self.lock:
             rows = [(n, _StepLine(**s.__dict__)) for n, s in self.steps.items()]
         for name, s in rows:
             style = {"failed": "red", "succeeded": "green", "skipped": "yellow"}.get(s.status, "")
             table.add_row(name, str(s.items), str(s.done), str(s.running), str(s.queued),
-                          str(s.failed), str(s.retries),
+                          str(s.failed), str(s.retries), str(s.reused),
                           f"[{style}]{_fmt_status(s.status)}[/]" if style else s.status)
         table.caption = f"elapsed {time.monotonic() - self.t0:.1f}s"
         return table
@@ -149,9 +151,11 @@ class LiveReporter(PlainReporter):
                       tail: str = "") -> None:
         with self.lock:
             s = self.steps.setdefault(step, _StepLine())
-            if status != "kept" and s.running and attempt > 0:
+            if status not in ("kept", "reused") and s.running and attempt > 0:
                 s.running -= 1
             s.done += 1
+            if status == "reused":
+                s.reused += 1
             if status not in GOOD:
                 s.failed += 1
         if status not in GOOD:

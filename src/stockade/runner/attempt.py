@@ -118,6 +118,8 @@ class RunContext:
     publish: PublishSettings
     #: Masks the values of every secret the workflow declares, in anything recorded.
     masker: Masker
+    #: Keys the HMAC of secret values in reuse keys (the root's ``reuse.key``).
+    reuse_secret: bytes
     #: ``locate(step_id, path)`` -> "FILE:LINE:COL" of a field of a step.
     locate: Callable[[str, tuple[str | int, ...]], str] = lambda step, path: step
 
@@ -192,6 +194,10 @@ class Outcome:
     stderr_tail: str = ""
     #: Agent token usage, summed over the attempt's model calls.
     usage: Mapping[str, int] = field(default_factory=dict)
+    #: The item's reuse key (everything that could change its outputs), when known.
+    reuse_key: str | None = None
+    #: ``{run_id, step, item, attempt}`` of the earlier item whose outputs were taken.
+    reused_from: Mapping[str, Any] | None = None
 
     @property
     def ok(self) -> bool:

@@ -40,8 +40,10 @@ from stockade.runner.attempt import (
 )
 from stockade.runner.executor import Executor
 from stockade.runner.kinds import is_inline, kind_of
+from stockade.runner.kinds.process import render_inputs, step_environment, template_refs
 from stockade.runner.report import Reporter
 from stockade.runner.resume import record_lost_attempts, verified_items
+from stockade.runner.reuse import InputDigest, decide, input_digest, key_for, place, step_reuses
 from stockade.runner.scheduler import (
     Action,
     AttemptEnded,
@@ -66,9 +68,15 @@ from stockade.runner.status import ITEM_BAD, AttemptStatus, ItemStatus, RunStatu
 from stockade.runner.views import ItemResult, ItemView, artifacts_of, step_view
 from stockade.spec import Spec
 from stockade.spec.model import Step
-from stockade.store.base import ArtifactRecord, AttemptRecord, ItemRecord
+from stockade.store.base import (
+    ArtifactRecord,
+    AttemptRecord,
+    ItemRecord,
+    ReuseCandidate,
+    ReuseEntry,
+)
 from stockade.store.base import Event as StoreEvent
-from stockade.workspace.artifacts import to_json_value
+from stockade.workspace.artifacts import Output, to_json_value
 from stockade.workspace.layout import RunDir
 
 #: Bookkeeping of finished items is written in batches of this many, or this often.
@@ -87,6 +95,8 @@ class RunSummary:
     messages: tuple[str, ...]
     #: Attempts that were retries, per step.
     retries: Mapping[str, int] = field(default_factory=dict)
+    #: Items taken from earlier runs, per step.
+    reused: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -97,6 +107,10 @@ class _Item:
     #: The attempt number before this execution's first (from disk on resume).
     base: int = 0
     outcome: Outcome | None = None
+    #: Earlier items with the same reuse key (newest first), when the step reuses.
+    candidates: list[ReuseCandidate] = field(default_factory=list)
+    reuse_key: str | None = None
+    digests: list[InputDigest] = field(default_factory=list)
 
 
 @dataclass
@@ -105,6 +119,7 @@ class _StepRun:
     items: list[_Item] = field(default_factory=list)
     results: dict[int, ItemResult] = field(default_factory=dict)
     retries: int = 0
+    reused: int = 0
 
 
 def item_keys(values: list[Any], explicit: list[str] | None) -> list[str]:
@@ -153,6 +168,7 @@ class Engine:
         vars: Mapping[str, Any],
         reporter: Reporter,
         resume: bool = False,
+        reuse: bool = False,
         rng: random.Random | None = None,
     ) -> None:
         self.spec, self.plan, self.run, self.ctx = spec, plan, run, context
@@ -161,6 +177,7 @@ class Engine:
         self.vars = dict(vars)
         self.reporter = reporter
         self.resume = resume
+        self.reuse = reuse
         self.steps = {s.id: _StepRun(s) for s in spec.workflow.steps}
         self.views: dict[str, dict[str, Any]] = {}
         self.messages: list[str] = []
@@ -176,6 +193,7 @@ class Engine:
         self._handled_interrupts = 0
         self._pending_attempts: list[AttemptRecord] = []
         self._pending_items: list[tuple[ItemRecord, list[ArtifactRecord]]] = []
+        self._pending_reuse: list[ReuseEntry] = []
         self._flushed_at = time.monotonic()
         self._cancellers: list[threading.Thread] = []
 
@@ -321,7 +339,31 @@ class Engine:
         if not step.isolate and step.kind in ("run", "agent"):
             self.reporter.echo(f"{sid}: isolate: false - runs WITHOUT a sandbox (recorded)")
             self._event("isolation_opt_out", {"step": sid})
+        if step_reuses(step, self.reuse):
+            self._find_reusable(sr, done)
         return Expanded(sid, len(sr.items), now, frozenset(done))
+
+    def _find_reusable(self, sr: _StepRun, done: set[int]) -> None:
+        """Key every item that is not kept already and look the keys up in one go."""
+        kind = kind_of(sr.step)
+        for it in sr.items:
+            if it.index in done:
+                continue
+            attempt = self._attempt(sr.step, it, 1)
+            try:
+                values = render_inputs(attempt)
+                env = step_environment(attempt)
+                action = kind.action(attempt)
+            except ITEM_ERRORS:
+                continue  # the item runs and reports the error itself
+            it.digests = [input_digest(n, v, template_refs(sr.step.inputs[n]))
+                          for n, v in values.items()]
+            it.reuse_key = key_for(attempt, [(d.name, d.sha256) for d in it.digests], env,
+                                   action)
+        keyed = {it.reuse_key: it for it in sr.items if it.reuse_key}
+        found = self.store.reuse_candidates(list(keyed), exclude_run=self.run.run_id)
+        for key, cands in found.items():
+            keyed[key].candidates = cands
 
     def _values(self, step: Step) -> list[Any]:
         if step.for_each is None:
@@ -356,6 +398,13 @@ class Engine:
 
     # -- attempts -------------------------------------------------------------------
 
+    def _attempt(self, step: Step, it: _Item, try_: int) -> Attempt:
+        return Attempt(
+            run=self.ctx, step=step, item=ItemRef(step.id, it.index, it.key), value=it.value,
+            number=it.base + try_, dirs=self.run.item(step.id, it.index),
+            context=self.context(step, it.value, with_item=step.for_each is not None),
+        )
+
     def _start(self, action: StartAttempt) -> list[Action]:
         sr = self.steps[action.step]
         it = sr.items[action.index]
@@ -364,16 +413,38 @@ class Engine:
             it.base = record_lost_attempts(self.run.run_id, step.id, it.index,
                                            self.run.item(step.id, it.index), self.store,
                                            self.ctx.clock)
-        attempt = Attempt(
-            run=self.ctx, step=step, item=ItemRef(step.id, it.index, it.key), value=it.value,
-            number=it.base + action.try_, dirs=self.run.item(step.id, it.index),
-            context=self.context(step, it.value, with_item=step.for_each is not None),
-        )
+        attempt = self._attempt(step, it, action.try_)
         if is_inline(step):
             return self._attempt_ended(attempt, kind_of(step).run(attempt))
+        if action.try_ == 1 and it.candidates:
+            reused = self._reuse(attempt, it)
+            if reused is not None:
+                return self._attempt_ended(attempt, reused)
         self.reporter.item_started(step.id, it.key)
         self.executor.submit(attempt)
         return []
+
+    def _reuse(self, attempt: Attempt, it: _Item) -> Outcome | None:
+        """Take the item from an earlier run if one still verifies; None: it runs."""
+        chosen = decide(it.candidates)
+        it.candidates = []
+        if chosen is None:
+            return None
+        now = self.ctx.clock()
+        try:
+            place(attempt, chosen, it.digests, now)
+        except OSError as exc:
+            self.reporter.echo(f"warning: {attempt.item}: could not reuse run "
+                               f"{chosen.run_id}'s outputs ({exc.strerror}); running it")
+            return None
+        origin = {"run_id": chosen.run_id, "step": chosen.step, "item": chosen.item,
+                  "attempt": chosen.attempt}
+        return Outcome(
+            AttemptStatus.SUCCEEDED, attempt.number, result=chosen.result,
+            message=f"reused from run {chosen.run_id}", started_at=now, ended_at=now,
+            outputs=[Output(o.name, o.sha256, o.size) for o in chosen.outputs],
+            reuse_key=it.reuse_key, reused_from=origin,
+        )
 
     def _attempt_ended(self, attempt: Attempt, outcome: Outcome) -> list[Action]:
         sr = self.steps[attempt.step.id]
@@ -417,8 +488,13 @@ class Engine:
             value=self.ctx.masker.value(to_json_value(it.value)),
             message=self.ctx.masker.text(out.message), started_at=out.started_at,
             ended_at=out.ended_at, outputs=tuple(arts), key=it.key,
+            reused_from=dict(out.reused_from) if out.reused_from else None,
         )
         self._pending_items.append((rec, arts))
+        if status is ItemStatus.SUCCEEDED and out.reuse_key:
+            # Every succeeded item is indexed, whether or not this run reuses.
+            self._pending_reuse.append(ReuseEntry(out.reuse_key, self.run.run_id, action.step,
+                                                  action.index, out.attempt, out.ended_at))
         if len(self._pending_items) >= FLUSH_EVERY or \
                 time.monotonic() - self._flushed_at >= FLUSH_SECONDS:
             self.flush()
@@ -428,7 +504,10 @@ class Engine:
             self.messages.append(f"{action.step}/{it.key}: {status}: {out.message}")
         if status is ItemStatus.INTERRUPTED and out.attempt == 0:
             return
-        self.reporter.item_finished(action.step, it.key, str(status), out.attempt, out.message,
+        shown = "reused" if out.reused_from else str(status)
+        if out.reused_from:
+            sr.reused += 1
+        self.reporter.item_finished(action.step, it.key, shown, out.attempt, out.message,
                                     out.stderr_tail if status in ITEM_BAD else "")
 
     def _step_finished(self, action: StepFinished) -> None:
@@ -462,6 +541,9 @@ class Engine:
         if self._pending_attempts or self._pending_items:
             self.store.record_batch(self._pending_attempts, self._pending_items)
             self._pending_attempts, self._pending_items = [], []
+        if self._pending_reuse:
+            self.store.index_reuse(self._pending_reuse)
+            self._pending_reuse = []
         self._flushed_at = time.monotonic()
 
     def _summary(self, status: RunStatus) -> RunSummary:
@@ -473,5 +555,6 @@ class Engine:
             counts[sid] = c
         statuses = {sid: self.scheduler.step_status(sid) for sid in self.steps}
         retries = {sid: sr.retries for sid, sr in self.steps.items() if sr.retries}
-        return RunSummary(status, statuses, counts, tuple(self.messages), retries)
+        reused = {sid: sr.reused for sid, sr in self.steps.items() if sr.reused}
+        return RunSummary(status, statuses, counts, tuple(self.messages), retries, reused)
 

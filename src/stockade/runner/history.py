@@ -183,6 +183,11 @@ def log(store: Store, record: RunRecord, item: ItemRecord, which: str, attempt: 
     if kind == "publish":
         raise UserError(f"{label} is a publish item: it runs no process; its outcome is in "
                         f"`stockade show {record.run_id} {label}`")
+    if item.reused_from:
+        origin = item.reused_from
+        raise UserError(f"{label} was reused from run {origin.get('run_id')}: it ran there "
+                        f"(stockade logs {origin.get('run_id')} {origin.get('step')}/"
+                        f"#{origin.get('item')})")
     idir = item_dir(record, item)
     known = [a.attempt for a in store.attempts(record.run_id, item.step, item.item)]
     on_disk = idir.last_attempt()
@@ -230,7 +235,8 @@ def _chain(rundir: RunDir, step: str, index: int, output: str | None, depth: int
         "run_id": prov.run_id, "sandbox": prov.sandbox.__dict__,
         "outputs": [o.__dict__ for o in outputs], "inputs": [],
     }
-    reused = next((o.reused_from for o in prov.outputs if o.reused_from), None)
+    reused = prov.reused_from or next((o.reused_from for o in prov.outputs if o.reused_from),
+                                      None)
     if reused:
         node["reused_from"] = dict(reused)
     seen.add((rundir.run_id, step, index))

@@ -35,6 +35,7 @@ from stockade.runner.engine import Engine, RunSummary
 from stockade.runner.env import Masker
 from stockade.runner.executor import LocalExecutor
 from stockade.runner.report import Reporter
+from stockade.runner.reuse import secret_key
 from stockade.runner.status import RunStatus
 from stockade.sandbox.base import Backend
 from stockade.spec import Spec, load_workflow
@@ -64,6 +65,9 @@ class RunOptions:
     require_sandbox: bool = False
     store_url: str | None = None
     allow_stale: bool = False
+    #: Take unchanged items from earlier runs: True (--reuse), False (--no-reuse), None
+    #: (the workflow's ``reuse:``).
+    reuse: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -379,7 +383,8 @@ def resume_run(
         raise UserError(
             f"{workflow_path} changed since run {run_id} started "
             f"(sha256 {spec.sha256[:12]} != {manifest['workflow']['sha256'][:12]}); "
-            "resume runs the workflow it started with: restore the file, or start a new run"
+            "resume runs the workflow it started with: restore the file, or start a new run "
+            f"with `stockade run {workflow_path} --reuse` to rerun only what changed"
         )
     plan = build_plan(spec)
     values = dict(manifest["vars"])
@@ -390,8 +395,9 @@ def resume_run(
         kind, rel = key.split(":", 1)
         now = files.get(rel) if kind == "file" else trees.get(rel)
         if now is not None and now.sha256 != digest:
-            raise UserError(f"{kind}({rel!r}) changed since run {run_id} started; "
-                            "start a new run")
+            raise UserError(f"{kind}({rel!r}) changed since run {run_id} started; start a "
+                            f"new run with `stockade run {workflow_path} --reuse` to rerun only "
+                            "what changed")
     choice = choose_sandbox(opts.sandbox or manifest["sandbox"]["backend"], env)
     if spec.workflow.sandbox.require and not choice.enforced:
         raise UserError(f"this run requires an enforced sandbox, but {choice.line}")
@@ -433,15 +439,16 @@ def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
             input_fingerprint=str(p.manifest.get("input_fingerprint", "")),
             allow_stale=opts.allow_stale, base_dir=base, vars=p.values,
         ),
-        masker=masker, locate=locate,
+        masker=masker, locate=locate, reuse_secret=secret_key(run.root),
     )
     executor = LocalExecutor(opts.jobs or available_cpus())
     lock = RunLock(run.path)
     started = float(p.manifest["started_at"])
     try:
         lock.acquire()
+        reuse = spec.workflow.reuse if opts.reuse is None else opts.reuse
         engine = Engine(spec=spec, plan=p.plan, run=run, context=context, executor=executor,
-                        vars=p.values, reporter=hooks.reporter, resume=resume)
+                        vars=p.values, reporter=hooks.reporter, resume=resume, reuse=reuse)
         interrupts.attach(engine.interrupt)
         try:
             summary = engine.execute()

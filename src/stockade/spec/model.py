@@ -99,6 +99,9 @@ class Step(_Strict):
     #: Seconds before the first retry; doubled each time, +/-20% jitter, at most 60 s.
     retry_delay: Annotated[float, Field(ge=0, le=3600)] = 1.0
     on_item_failure: Literal["fail", "continue"] = "fail"
+    #: Whether items may be taken from earlier runs (default: run: yes, agent: no; never
+    #: publish: or keep:), when the run reuses (``--reuse`` or the workflow's ``reuse:``).
+    reuse: bool | None = None
     network: Literal["none", "open"] | list[NetworkHost] = "none"
     resources: Resources = Field(default_factory=Resources)
     isolate: bool = True
@@ -121,6 +124,8 @@ class Step(_Strict):
             raise ValueError("key: names the items of a for_each:, and the step has none")
         if self.outputs and kinds[0] not in ("run", "agent"):
             raise ValueError(f"outputs: applies to run: and agent: steps, not {kinds[0]}:")
+        if self.reuse and kinds[0] in ("publish", "keep"):
+            raise ValueError(f"reuse: a {kinds[0]}: step is never taken from an earlier run")
         return self
 
     @property
@@ -148,6 +153,8 @@ class Workflow(_Strict):
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     secrets: list[SecretName] = Field(default_factory=list)
     notify: list[Notify] = Field(default_factory=list)
+    #: Reuse unchanged items from earlier runs by default (``--no-reuse`` turns it off).
+    reuse: bool = False
     steps: Annotated[list[Step], Field(min_length=1)]
 
     def step(self, step_id: str) -> Step:

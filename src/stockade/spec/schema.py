@@ -22,6 +22,9 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "sandbox": "Sandbox requirements for every step.",
         "secrets": "Host environment variables a step may receive (only if it lists them).",
         "steps": "The steps, run in dependency order.",
+        "reuse": "true: reuse unchanged items from earlier runs by default (--no-reuse "
+                 "turns it off for one run).",
+        "notify": "Webhooks told about the run when it ends: url, on, secret.",
     },
     "Step": {
         "id": "Unique step id: lowercase letters, digits, '_' and '-'.",
@@ -34,6 +37,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
                    "fails the item.",
         "retry_delay": "Seconds before the first retry (default 1), doubled each attempt with "
                        "+/-20% jitter, at most 60.",
+        "reuse": "Whether items may be taken from earlier runs when the run reuses "
+                 "(default: true for run:, false for agent:, never for publish:/keep:).",
         "on_item_failure": "fail (default: the step fails, its dependents are skipped) or "
                            "continue (dependents run on the items that succeeded; the run "
                            "still exits 1).",

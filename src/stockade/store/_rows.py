@@ -35,6 +35,7 @@ def item_from_row(r: Sequence[Any], outputs: Sequence[ArtifactRecord]) -> ItemRe
         result=load_json(r[5]), value=load_json(r[6]),
         message=r[7], started_at=r[8], ended_at=r[9], outputs=tuple(outputs),
         key=r[10] if len(r) > 10 and r[10] else str(r[2]),
+        reused_from=load_json(r[11]) if len(r) > 11 else None,
     )
 
 

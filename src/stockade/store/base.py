@@ -68,6 +68,8 @@ class ItemRecord:
     outputs: tuple[ArtifactRecord, ...] = field(default=())
     #: The item's key (``STEP/KEY``); its index as text for records made before keys.
     key: str = ""
+    #: ``{run_id, step, item, attempt}`` of the earlier item whose outputs were reused.
+    reused_from: dict[str, Any] | None = None
 
     @property
     def label(self) -> str:
@@ -154,6 +156,33 @@ class PublishRecord:
     token: int = 0
 
 
+@dataclass(frozen=True)
+class ReuseEntry:
+    """A succeeded item indexed under its reuse key (everything that could change its outputs)."""
+
+    key: str
+    run_id: str
+    step: str
+    item: int
+    attempt: int
+    created_at: float
+
+
+@dataclass(frozen=True)
+class ReuseCandidate:
+    """An earlier item with this key, the root its files are under, and its outputs."""
+
+    key: str
+    run_id: str
+    step: str
+    item: int
+    attempt: int
+    root: str
+    outputs: tuple[ArtifactRecord, ...]
+    #: The earlier item's result (``steps.X.result``), a JSON value.
+    result: Any = None
+
+
 class RunExists(Exception):
     """``create_run`` was given a run id the store already has."""
 
@@ -181,7 +210,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def delete_run(self, run_id: str) -> None:
-        """Forget a run: its record, items, attempts, artifacts, events and effects.
+        """Forget a run: its record, items, attempts, artifacts, events, effects and its
+        entries in the reuse index.
 
         Leases, fences and the last publish per lease stay: they belong to the
         sinks' series, not to one run.
@@ -209,6 +239,18 @@ class Store(abc.ABC):
             self.record_attempt(a)
         for item, outputs in items:
             self.complete_item(item, outputs)
+
+    # -- reuse across runs ----------------------------------------------------
+
+    @abc.abstractmethod
+    def index_reuse(self, entries: list[ReuseEntry]) -> None:
+        """Add succeeded items to the reuse index (one transaction)."""
+
+    @abc.abstractmethod
+    def reuse_candidates(self, keys: list[str], *, exclude_run: str = "",
+                         limit: int = 3) -> dict[str, list[ReuseCandidate]]:
+        """For each key, up to ``limit`` indexed items whose run still exists, newest first,
+        with their recorded outputs (never from ``exclude_run``)."""
 
     @abc.abstractmethod
     def forget_item(self, run_id: str, step: str, item: int) -> None:

@@ -94,6 +94,16 @@ CREATE TABLE IF NOT EXISTS stockade_effects (
     message TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS stockade_effects_run ON stockade_effects (run_id, key);
+CREATE TABLE IF NOT EXISTS stockade_reuse_index (
+    key TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    step TEXT NOT NULL,
+    item INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (key, run_id, step, item)
+);
+CREATE INDEX IF NOT EXISTS stockade_reuse_run ON stockade_reuse_index (run_id);
 CREATE TABLE IF NOT EXISTS stockade_last_publish (
     lease TEXT PRIMARY KEY,
     run_id TEXT NOT NULL,
@@ -106,4 +116,5 @@ ALTER TABLE stockade_last_publish
     ADD COLUMN IF NOT EXISTS run_started_at DOUBLE PRECISION NOT NULL DEFAULT 0,
     ADD COLUMN IF NOT EXISTS token BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE stockade_items ADD COLUMN IF NOT EXISTS key TEXT NOT NULL DEFAULT '';
+ALTER TABLE stockade_items ADD COLUMN IF NOT EXISTS reused_from TEXT;
 """

@@ -20,7 +20,13 @@ from typing import Any
 import psycopg
 
 from stockade.errors import InfraError
-from stockade.store._rows import dump_json, effect_from_row, item_from_row, run_from_row
+from stockade.store._rows import (
+    dump_json,
+    effect_from_row,
+    item_from_row,
+    load_json,
+    run_from_row,
+)
 from stockade.store.base import (
     ArtifactRecord,
     AttemptRecord,
@@ -30,6 +36,8 @@ from stockade.store.base import (
     ItemRecord,
     Lease,
     PublishRecord,
+    ReuseCandidate,
+    ReuseEntry,
     RunExists,
     RunRecord,
     Store,
@@ -150,8 +158,49 @@ class PostgresStore(Store):
 
     def delete_run(self, run_id: str) -> None:
         with self._tx() as cur:
-            for table in ("artifacts", "items", "attempts", "events", "effects", "runs"):
+            for table in ("artifacts", "items", "attempts", "events", "effects", "reuse_index",
+                          "runs"):
                 cur.execute(f"DELETE FROM stockade_{table} WHERE run_id=%s", (run_id,))
+
+    # -- reuse across runs ---------------------------------------------------
+
+    def index_reuse(self, entries: list[ReuseEntry]) -> None:
+        if not entries:
+            return
+        with self._tx() as cur:
+            cur.executemany(
+                "INSERT INTO stockade_reuse_index VALUES (%s,%s,%s,%s,%s,%s)"
+                " ON CONFLICT (key, run_id, step, item) DO UPDATE SET attempt=EXCLUDED.attempt,"
+                " created_at=EXCLUDED.created_at",
+                [(e.key, e.run_id, e.step, e.item, e.attempt, e.created_at) for e in entries])
+
+    def reuse_candidates(self, keys: list[str], *, exclude_run: str = "",
+                         limit: int = 3) -> dict[str, list[ReuseCandidate]]:
+        found: dict[str, list[ReuseCandidate]] = {}
+        if not keys:
+            return found
+        rows = self._rows(
+            "SELECT x.key, x.run_id, x.step, x.item, x.attempt, r.root, i.result"
+            " FROM stockade_reuse_index x JOIN stockade_runs r ON r.run_id = x.run_id"
+            " JOIN stockade_items i ON i.run_id = x.run_id AND i.step = x.step"
+            " AND i.item = x.item"
+            " WHERE x.key = ANY(%s) AND x.run_id != %s AND i.status = 'succeeded'"
+            " AND i.attempt = x.attempt ORDER BY x.created_at DESC",
+            (list(keys), exclude_run))
+        for key, run_id, step, item, attempt, root, result in rows:
+            if len(found.get(key, [])) < limit:
+                found.setdefault(key, []).append(ReuseCandidate(
+                    key, run_id, step, item, attempt, root, (), load_json(result)))
+        out: dict[str, list[ReuseCandidate]] = {}
+        for key, cands in found.items():
+            for c in cands:
+                arts = self._rows(
+                    "SELECT * FROM stockade_artifacts WHERE run_id=%s AND step=%s AND item=%s"
+                    " AND attempt=%s ORDER BY name", (c.run_id, c.step, c.item, c.attempt))
+                out.setdefault(key, []).append(ReuseCandidate(
+                    c.key, c.run_id, c.step, c.item, c.attempt, c.root,
+                    tuple(ArtifactRecord(*a) for a in arts), c.result))
+        return out
 
     # -- attempts and items ------------------------------------------------
 
@@ -184,13 +233,14 @@ class PostgresStore(Store):
                 (i.run_id, i.step, i.item),
             )
             cur.execute(
-                "INSERT INTO stockade_items VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
+                "INSERT INTO stockade_items VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
                 " ON CONFLICT (run_id, step, item) DO UPDATE SET status=EXCLUDED.status,"
                 " attempt=EXCLUDED.attempt, result=EXCLUDED.result, value=EXCLUDED.value,"
                 " message=EXCLUDED.message, started_at=EXCLUDED.started_at,"
-                " ended_at=EXCLUDED.ended_at, key=EXCLUDED.key",
+                " ended_at=EXCLUDED.ended_at, key=EXCLUDED.key, reused_from=EXCLUDED.reused_from",
                 (i.run_id, i.step, i.item, i.status, i.attempt, dump_json(i.result), dump_json(i.value),
-                 i.message, i.started_at, i.ended_at, i.key),
+                 i.message, i.started_at, i.ended_at, i.key,
+                 None if i.reused_from is None else dump_json(i.reused_from)),
             )
             if outputs:
                 cur.executemany(

@@ -14,7 +14,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from stockade.store._rows import dump_json, effect_from_row, item_from_row, run_from_row
+from stockade.store._rows import (
+    dump_json,
+    effect_from_row,
+    item_from_row,
+    load_json,
+    run_from_row,
+)
 from stockade.store.base import (
     ArtifactRecord,
     AttemptRecord,
@@ -24,6 +30,8 @@ from stockade.store.base import (
     ItemRecord,
     Lease,
     PublishRecord,
+    ReuseCandidate,
+    ReuseEntry,
     RunExists,
     RunRecord,
     Store,
@@ -54,6 +62,7 @@ CREATE TABLE IF NOT EXISTS items (
     started_at REAL NOT NULL,
     ended_at REAL NOT NULL,
     key TEXT NOT NULL DEFAULT '',
+    reused_from TEXT,
     PRIMARY KEY (run_id, step, item)
 );
 CREATE TABLE IF NOT EXISTS artifacts (
@@ -120,6 +129,16 @@ CREATE TABLE IF NOT EXISTS effects (
     message TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS effects_run ON effects (run_id, key);
+CREATE TABLE IF NOT EXISTS reuse_index (
+    key TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    step TEXT NOT NULL,
+    item INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (key, run_id, step, item)
+);
+CREATE INDEX IF NOT EXISTS reuse_run ON reuse_index (run_id);
 CREATE TABLE IF NOT EXISTS last_publish (
     lease TEXT PRIMARY KEY,
     run_id TEXT NOT NULL,
@@ -177,8 +196,11 @@ class SQLiteStore(Store):
             if col not in have:
                 self._db.execute(f"ALTER TABLE last_publish ADD COLUMN {col} {decl}")
         # Stores made before items had keys.
-        if "key" not in {r[1] for r in self._db.execute("PRAGMA table_info(items)")}:
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(items)")}
+        if "key" not in columns:
             self._db.execute("ALTER TABLE items ADD COLUMN key TEXT NOT NULL DEFAULT ''")
+        if "reused_from" not in columns:
+            self._db.execute("ALTER TABLE items ADD COLUMN reused_from TEXT")
 
     # -- helpers -----------------------------------------------------------
 
@@ -247,7 +269,40 @@ class SQLiteStore(Store):
 
     def delete_run(self, run_id: str) -> None:
         self._tx([(f"DELETE FROM {table} WHERE run_id=?", (run_id,))
-                  for table in ("artifacts", "items", "attempts", "events", "effects", "runs")])
+                  for table in ("artifacts", "items", "attempts", "events", "effects",
+                                "reuse_index", "runs")])
+
+    # -- reuse across runs ---------------------------------------------------
+
+    def index_reuse(self, entries: list[ReuseEntry]) -> None:
+        if entries:
+            self._tx([("INSERT OR REPLACE INTO reuse_index VALUES (?,?,?,?,?,?)",
+                       (e.key, e.run_id, e.step, e.item, e.attempt, e.created_at))
+                      for e in entries])
+
+    def reuse_candidates(self, keys: list[str], *, exclude_run: str = "",
+                         limit: int = 3) -> dict[str, list[ReuseCandidate]]:
+        found: dict[str, list[ReuseCandidate]] = {}
+        for chunk in range(0, len(keys), 500):
+            part = keys[chunk:chunk + 500]
+            marks = ",".join("?" * len(part))
+            rows = self._rows(
+                "SELECT x.key, x.run_id, x.step, x.item, x.attempt, r.root, i.result"
+                " FROM reuse_index x JOIN runs r ON r.run_id = x.run_id"
+                " JOIN items i ON i.run_id = x.run_id AND i.step = x.step AND i.item = x.item"
+                f" WHERE x.key IN ({marks}) AND x.run_id != ? AND i.status = 'succeeded'"
+                " AND i.attempt = x.attempt ORDER BY x.created_at DESC", (*part, exclude_run))
+            for key, run_id, step, item, attempt, root, result in rows:
+                if len(found.get(key, [])) < limit:
+                    found.setdefault(key, []).append(ReuseCandidate(
+                        key, run_id, step, item, attempt, root, (), load_json(result)))
+        return {k: [self._with_outputs(c) for c in cs] for k, cs in found.items()}
+
+    def _with_outputs(self, c: ReuseCandidate) -> ReuseCandidate:
+        rows = self._rows("SELECT * FROM artifacts WHERE run_id=? AND step=? AND item=? "
+                          "ORDER BY name", (c.run_id, c.step, c.item))
+        outs = tuple(ArtifactRecord(*r) for r in rows if r[3] == c.attempt)
+        return ReuseCandidate(c.key, c.run_id, c.step, c.item, c.attempt, c.root, outs, c.result)
 
     # -- attempts and items ------------------------------------------------
 
@@ -274,9 +329,10 @@ class SQLiteStore(Store):
         stmts: list[tuple[str, tuple[Any, ...]]] = [
             ("DELETE FROM artifacts WHERE run_id=? AND step=? AND item=?", (i.run_id, i.step, i.item)),
             (
-                "INSERT OR REPLACE INTO items VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT OR REPLACE INTO items VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (i.run_id, i.step, i.item, i.status, i.attempt, dump_json(i.result), dump_json(i.value),
-                 i.message, i.started_at, i.ended_at, i.key),
+                 i.message, i.started_at, i.ended_at, i.key,
+                 None if i.reused_from is None else dump_json(i.reused_from)),
             ),
         ]
         for a in outputs:

@@ -81,6 +81,8 @@ class Provenance:
     ended_at: float = 0.0
     inputs: tuple[InputRecord, ...] = ()
     outputs: tuple[OutputRecord, ...] = ()
+    #: ``{run_id, step, item, attempt}`` when the outputs were taken from an earlier run.
+    reused_from: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,6 +101,7 @@ class Provenance:
             inputs=tuple(InputRecord(str(i["name"]), str(i["sha256"]), int(i["size"]),
                                      dict(i.get("source") or {})) for i in d.get("inputs", ())),
             outputs=tuple(_output(o, d) for o in d.get("outputs", ())),
+            reused_from=d.get("reused_from"),
         )
 
     def output(self, name: str) -> OutputRecord | None:

@@ -10,7 +10,7 @@ Must not import the engine, the executors or the CLI.
 
 from __future__ import annotations
 
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from stockade.runner.attempt import Attempt, Outcome
 from stockade.spec.model import Step
@@ -24,6 +24,11 @@ class StepKind(Protocol):
     inline: ClassVar[bool]
 
     def run(self, attempt: Attempt) -> Outcome: ...
+
+    def action(self, attempt: Attempt) -> Any:
+        """What the item will do, rendered (the command; the agent settings and prompt):
+        part of its reuse key."""
+        ...
 
 
 def kind_of(step: Step) -> StepKind:

@@ -7,12 +7,13 @@ import the engine, the executors or the CLI.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from stockade.agent import AgentJob, start_agent
 from stockade.expr import compile_template, render
 from stockade.runner.attempt import Attempt, Outcome, refused
 from stockade.runner.kinds.process import finish, in_jail, prepare, resources_of, run_jail
+from stockade.runner.reuse import key_for
 from stockade.runner.status import AttemptStatus
 from stockade.sandbox.policy import Policy
 from stockade.workspace.artifacts import Materialised
@@ -24,6 +25,15 @@ class AgentKind:
 
     def run(self, attempt: Attempt) -> Outcome:
         return in_jail(attempt, lambda inputs: self._body(attempt, inputs))
+
+    def action(self, attempt: Attempt) -> dict[str, Any]:
+        """The agent settings with the rendered prompt (part of the reuse key)."""
+        agent = attempt.step.agent
+        assert agent is not None
+        with attempt.located("agent", "prompt"):
+            prompt = str(render(compile_template(agent.prompt), attempt.context,
+                                functions=attempt.run.functions))
+        return {**agent.model_dump(mode="json"), "prompt": prompt}
 
     def _body(self, attempt: Attempt, inputs: list[Materialised]) -> Outcome:
         started = attempt.clock()
@@ -72,4 +82,6 @@ class AgentKind:
             outcome.message = f"{outcome.message}; {result.message}".strip("; ")
         if outcome.status is AttemptStatus.SUCCEEDED:
             outcome.result = result.result
+            outcome.reuse_key = key_for(attempt, [(m.name, m.sha256) for m in inputs],
+                                        world.env, self.action(attempt))
         return outcome

@@ -21,6 +21,9 @@ class Keep:
     name: ClassVar[str] = "keep"
     inline: ClassVar[bool] = True
 
+    def action(self, attempt: Attempt) -> None:
+        """Never reused: no action to key."""
+
     def run(self, attempt: Attempt) -> Outcome:
         rule = attempt.step.keep
         assert isinstance(rule, str)

@@ -94,25 +94,25 @@ def item_masker(attempt: Attempt) -> Masker:
     return attempt.run.masker
 
 
-def prepare(attempt: Attempt, inputs: list[Materialised]) -> Prepared:
-    """Render and write the declared inputs into the fresh ``work/``; build the environment.
-
-    ``inputs`` is filled as inputs are written, so provenance records what
-    entered the jail even when a later input fails.
-    """
+def render_inputs(attempt: Attempt) -> dict[str, Any]:
+    """The declared inputs' values (artifacts, host files, text, data), not yet written."""
     step, ctx, fns = attempt.step, attempt.context, attempt.run.functions
+    out = {}
     for name, template in step.inputs.items():
         with attempt.located("inputs", name):
-            value = render_value(template, ctx, functions=fns)
-            m = materialise(attempt.dirs.work, name, value, attempt.run.run_id)
-        refs = template_refs(template)
-        inputs.append(replace(m, source={**m.source, "refs": refs}) if refs else m)
+            out[name] = render_value(template, ctx, functions=fns)
+    return out
+
+
+def step_environment(attempt: Attempt) -> dict[str, str]:
+    """The whole environment of the step's process, minus HOME and TMPDIR."""
+    step, ctx, fns = attempt.step, attempt.context, attempt.run.functions
     with attempt.located("env"):
         step_env = {
             k: v if isinstance(v, str) else str(to_json_value(v))
             for k, v in render_value(dict(step.env), ctx, functions=fns).items()
         }
-    env = build_env(
+    return build_env(
         attempt.run.host_env,
         step_env=step_env,
         secrets=[s for s in step.secrets if s in attempt.run.secrets_allowed],
@@ -122,6 +122,22 @@ def prepare(attempt: Attempt, inputs: list[Materialised]) -> Prepared:
             "STOCKADE_ATTEMPT": str(attempt.number),
         },
     )
+
+
+def prepare(attempt: Attempt, inputs: list[Materialised]) -> Prepared:
+    """Render and write the declared inputs into the fresh ``work/``; build the environment.
+
+    ``inputs`` is filled as inputs are written, so provenance records what
+    entered the jail even when a later input fails.
+    """
+    step = attempt.step
+    for name, template in step.inputs.items():
+        with attempt.located("inputs", name):
+            value = render_value(template, attempt.context, functions=attempt.run.functions)
+            m = materialise(attempt.dirs.work, name, value, attempt.run.run_id)
+        refs = template_refs(template)
+        inputs.append(replace(m, source={**m.source, "refs": refs}) if refs else m)
+    env = step_environment(attempt)
     backend = attempt.run.backend if step.isolate else attempt.run.none_backend
     return Prepared(inputs, env, backend, item_masker(attempt))
 

@@ -43,6 +43,9 @@ class Publish:
     name: ClassVar[str] = "publish"
     inline: ClassVar[bool] = False
 
+    def action(self, attempt: Attempt) -> None:
+        """Never reused: no action to key."""
+
     def run(self, attempt: Attempt) -> Outcome:
         run, step = attempt.run, attempt.step
         cfg = step.publish

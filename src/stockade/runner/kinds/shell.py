@@ -17,6 +17,7 @@ from stockade.runner.kinds.process import (
     resources_of,
     run_jail,
 )
+from stockade.runner.reuse import key_for
 from stockade.sandbox.policy import Policy
 from stockade.workspace.artifacts import Materialised
 
@@ -28,14 +29,17 @@ class Shell:
     def run(self, attempt: Attempt) -> Outcome:
         return in_jail(attempt, lambda inputs: self._body(attempt, inputs))
 
+    def action(self, attempt: Attempt) -> str:
+        assert attempt.step.run is not None
+        with attempt.located("run"):
+            return str(render(compile_template(attempt.step.run), attempt.context,
+                              functions=attempt.run.functions, shell=True))
+
     def _body(self, attempt: Attempt, inputs: list[Materialised]) -> Outcome:
         started = attempt.clock()
         world = prepare(attempt, inputs)
         step = attempt.step
-        assert step.run is not None
-        with attempt.located("run"):
-            command = str(render(compile_template(step.run), attempt.context,
-                                 functions=attempt.run.functions, shell=True))
+        command = self.action(attempt)
         policy = Policy(
             argv=("/bin/sh", "-c", command),
             work_dir=attempt.dirs.work,
@@ -47,4 +51,6 @@ class Shell:
         code, timed_out = run_jail(attempt, world.backend, policy, world.masker)
         outcome = finish(attempt, started, code, timed_out)
         outcome.command = world.masker.text(command)
+        outcome.reuse_key = key_for(attempt, [(m.name, m.sha256) for m in inputs], world.env,
+                                    command)
         return outcome

@@ -1,0 +1,270 @@
+"""Reuse across runs: an item's key, and taking its outputs from an earlier run.
+
+The key is the sha256 of everything that could change an item's outputs:
+the cache format version, the step kind, the rendered command (or the agent
+settings with the rendered prompt), each input's name and sha256, the
+environment the step gets (the host's allowlisted variables and the step's
+own ``env``; never the per-run ``STOCKADE_*`` ones), an HMAC of each secret
+value it receives (keyed with ``<root>/reuse.key``, so the store never holds
+a plain hash of a secret), the declared ``outputs``, and the sandbox: backend,
+whether it is enforced, ``isolate``, ``network`` and ``resources``.
+
+``decide`` looks the key up in the store's reuse index (newest first) and
+takes the first earlier item whose every output still hashes to what was
+recorded, by sha256, never by size or mtime; ``place`` puts those outputs in
+this run (a reflink where the filesystem has them, else a hard link to a
+file made read-only, else a copy) and writes the item's provenance with
+``reused_from``. A tampered, missing or unreadable earlier output is never
+reused: the item runs.
+
+Must not import the engine or the CLI.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import shutil
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stockade.runner.attempt import Attempt
+from stockade.spec.model import Step
+from stockade.store.base import ReuseCandidate
+from stockade.workspace.artifacts import Artifact, HostFile, HostTree, sha256_file, to_json_value
+from stockade.workspace.layout import RunDir
+from stockade.workspace.records import (
+    Completion,
+    FileHash,
+    InputRecord,
+    OutputRecord,
+    Provenance,
+    SandboxUse,
+    write_completion,
+    write_provenance,
+)
+
+#: Bump when what goes into a key changes: every earlier key stops matching.
+CACHE_FORMAT = 1
+KEY_FILE = "reuse.key"
+#: ioctl(FICLONE): a copy-on-write clone on btrfs, XFS and others.
+FICLONE = 0x40049409
+
+
+def step_reuses(step: Step, run_reuse: bool) -> bool:
+    """Whether ``step``'s items may be taken from earlier runs in a run with reuse on."""
+    if not run_reuse or step.kind in ("publish", "keep"):
+        return False
+    if step.reuse is not None:
+        return step.reuse
+    return step.kind == "run"
+
+
+def secret_key(root: Path) -> bytes:
+    """The root's HMAC key for secret values (made once, 0600, never in the store)."""
+    path = root / KEY_FILE
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        pass
+    root.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_bytes(32)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return path.read_bytes()
+    with os.fdopen(fd, "wb") as f:
+        f.write(key)
+    return key
+
+
+@dataclass(frozen=True)
+class InputDigest:
+    name: str
+    sha256: str
+    size: int
+    source: Mapping[str, Any]
+
+
+def input_digest(name: str, value: Any, refs: Sequence[str] = ()) -> InputDigest:
+    """The sha256 an input will have in ``work/``, without writing it (as ``materialise``
+    would hash it), and where it comes from."""
+    more: dict[str, Any] = {"refs": list(refs)} if refs else {}
+    if isinstance(value, Artifact):
+        return InputDigest(name, value.sha256, value.size,
+                           {"kind": "artifact", **value.ref(), **more})
+    if isinstance(value, HostFile):
+        return InputDigest(name, value.sha256, -1, {"kind": "file", "path": value.rel, **more})
+    if isinstance(value, HostTree):
+        return InputDigest(name, value.sha256, len(value.files),
+                           {"kind": "tree", "path": value.rel, **more})
+    if isinstance(value, str):
+        data = value.encode("utf-8")
+        kind = "text"
+    else:
+        data = json.dumps(to_json_value(value), ensure_ascii=False, sort_keys=True).encode()
+        kind = "json"
+    return InputDigest(name, hashlib.sha256(data).hexdigest(), len(data), {"kind": kind, **more})
+
+
+@dataclass(frozen=True)
+class KeyParts:
+    """What goes into a key, gathered by the engine."""
+
+    kind: str
+    action: Any  # the rendered command, or the agent settings with the rendered prompt
+    inputs: Sequence[InputDigest]
+    env: Mapping[str, str]
+    secrets: Mapping[str, str]  # name -> value (HMAC'd here, never stored)
+    outputs: Sequence[str]
+    sandbox: Mapping[str, Any]
+
+
+def item_key(parts: KeyParts, hmac_key: bytes) -> str:
+    blob = {
+        "format": CACHE_FORMAT,
+        "kind": parts.kind,
+        "action": parts.action,
+        "inputs": sorted((i.name, i.sha256) for i in parts.inputs),
+        "env": dict(sorted(parts.env.items())),
+        "secrets": {n: hmac.new(hmac_key, v.encode(), hashlib.sha256).hexdigest()
+                    for n, v in sorted(parts.secrets.items())},
+        "outputs": sorted(parts.outputs),
+        "sandbox": parts.sandbox,
+    }
+    text = json.dumps(blob, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def key_for(attempt: Attempt, inputs: Sequence[tuple[str, str]], env: Mapping[str, str],
+            action: Any) -> str:
+    """An item's key from its inputs ``(name, sha256)``, built environment and action.
+
+    The engine (deciding reuse) and the worker (indexing what ran) both call
+    this with the same parts, so an item that ran is found by the next run.
+    """
+    step, run = attempt.step, attempt.run
+    secret_names = {s for s in step.secrets if s in run.secrets_allowed}
+    plain = {k: v for k, v in env.items()
+             if not k.startswith("STOCKADE_") and k not in secret_names
+             and k not in ("HOME", "TMPDIR")}
+    backend = run.backend.name if step.isolate else run.none_backend.name
+    sandbox = {
+        "backend": backend, "enforced": run.enforced and step.isolate, "isolate": step.isolate,
+        "network": step.network, "resources": step.resources.model_dump(),
+    }
+    parts = KeyParts(
+        kind=step.kind, action=action,
+        inputs=[InputDigest(n, h, 0, {}) for n, h in inputs], env=plain,
+        secrets={n: env[n] for n in secret_names if n in env},
+        outputs=list(step.outputs), sandbox=sandbox,
+    )
+    return item_key(parts, run.reuse_secret)
+
+
+def verified(candidate: ReuseCandidate) -> bool:
+    """Every recorded output of the earlier item is there and hashes as recorded."""
+    out = RunDir(Path(candidate.root), candidate.run_id).item(candidate.step, candidate.item).out
+    for o in candidate.outputs:
+        try:
+            if sha256_file(out / o.name) != (o.sha256, o.size):
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def decide(candidates: Sequence[ReuseCandidate]) -> ReuseCandidate | None:
+    """The newest earlier item whose outputs still verify, or None (the item runs)."""
+    for c in candidates:
+        if verified(c):
+            return c
+    return None
+
+
+def _link_or_copy(src: Path, dst: Path) -> str:
+    """Place ``src`` at ``dst`` without a copy where possible; say how."""
+    sfd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        dfd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      0o444)
+        try:
+            try:
+                fcntl.ioctl(dfd, FICLONE, sfd)
+                return "reflink"
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY,
+                                     errno.EBADF, errno.ENOSYS):
+                    raise
+        finally:
+            os.close(dfd)
+        os.unlink(dst)
+        # A hard link shares the inode: make it read-only for everyone but the
+        # engine first, so no jail can change what both runs point at.
+        st = os.fstat(sfd)
+        if os.geteuid() in (0, st.st_uid):
+            if st.st_uid != os.geteuid():
+                os.fchown(sfd, os.geteuid(), -1)
+            os.fchmod(sfd, stat.S_IMODE(st.st_mode) & ~0o222)
+            try:
+                os.link(src, dst, follow_symlinks=False)
+                return "hardlink"
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                    raise
+        dfd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      0o444)
+        with os.fdopen(dfd, "wb") as out, os.fdopen(os.dup(sfd), "rb") as inp:
+            shutil.copyfileobj(inp, out, 1 << 20)
+        return "copy"
+    finally:
+        os.close(sfd)
+
+
+def place(attempt: Attempt, candidate: ReuseCandidate, inputs: Sequence[InputDigest],
+          now: float) -> tuple[str, ...]:
+    """Put the earlier item's outputs into this run and write its records; return how each
+    output was placed."""
+    dirs = attempt.dirs
+    src_out = RunDir(Path(candidate.root), candidate.run_id).item(candidate.step,
+                                                                   candidate.item).out
+    dirs.begin_attempt(attempt.number)
+    dirs.end_attempt()
+    how = []
+    for o in candidate.outputs:
+        dst = dirs.out / o.name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        how.append(_link_or_copy(src_out / o.name, dst))
+    origin = {"run_id": candidate.run_id, "step": candidate.step, "item": candidate.item,
+              "attempt": candidate.attempt}
+    run, step = attempt.run, attempt.step
+    backend = run.backend.name if step.isolate else run.none_backend.name
+    enforced = run.enforced and step.isolate
+    write_provenance(attempt.meta / "provenance.json", Provenance(
+        run_id=run.run_id, step=step.id, item=attempt.item.index, key=attempt.item.key,
+        attempt=attempt.number, status="succeeded",
+        message=f"reused from run {candidate.run_id}", started_at=now, ended_at=now,
+        sandbox=SandboxUse(backend, enforced, step.isolate),
+        inputs=tuple(InputRecord(i.name, i.sha256, i.size, run.masker.value(dict(i.source)))
+                     for i in inputs),
+        outputs=tuple(OutputRecord(
+            name=o.name, sha256=o.sha256, size=o.size, run_id=run.run_id, step=step.id,
+            item=attempt.item.index, key=attempt.item.key, attempt=attempt.number,
+            sandbox=backend, enforced=enforced, reused_from={**origin, "sha256": o.sha256})
+            for o in candidate.outputs),
+        reused_from=origin,
+    ))
+    write_completion(dirs.completion, Completion(
+        run_id=run.run_id, step=step.id, item=attempt.item.index, key=attempt.item.key,
+        status="succeeded", attempt=attempt.number,
+        outputs=tuple(FileHash(o.name, o.sha256, o.size) for o in candidate.outputs),
+    ))
+    return tuple(how)
