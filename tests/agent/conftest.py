@@ -141,7 +141,7 @@ def run_item(
     tamper: Callable[[Path], None] | None = None,
 ) -> tuple[AgentOutcome, Item]:
     root = tmp / "runs" / "r1" / "step" / item_name
-    work, meta = root / "work", root / "meta" / "attempts" / "1"
+    work, meta = root / "work", root / "meta" / "1"
     (work / "out").mkdir(parents=True)
     for rel, text in inputs.items():
         (work / rel).parent.mkdir(parents=True, exist_ok=True)

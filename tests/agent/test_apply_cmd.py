@@ -91,7 +91,7 @@ def test_asks_and_no_means_nothing(coded: Path, tmp_path: Path) -> None:
 
 def test_refuses_targets_the_prompt_did_not_name(coded: Path, tmp_path: Path) -> None:
     dest = _checkout(tmp_path / "co")
-    cfg = coded / "runs/r1/step/0/meta/attempts/1/agent.json"
+    cfg = coded / "runs/r1/step/0/meta/1/agent.json"
     data = json.loads(cfg.read_text())
     data["prompt"] = "In billing/utils.py round to 3 places."
     cfg.write_text(json.dumps(data))
@@ -103,7 +103,7 @@ def test_refuses_targets_the_prompt_did_not_name(coded: Path, tmp_path: Path) ->
 def test_refuses_a_hidden_second_file(coded: Path, tmp_path: Path) -> None:
     """A section that smuggles another file (no git header of its own) applies nothing."""
     dest = _checkout(tmp_path / "co")
-    diff_file = coded / "runs/r1/step/0/meta/attempts/1/changes.diff"
+    diff_file = coded / "runs/r1/step/0/meta/1/changes.diff"
     hidden = "--- a/repo/src/app.py\n+++ b/repo/src/app.py\n@@ -1 +1 @@\n-print('app')\n+print('pwned')\n"
     text = diff_file.read_text()
     diff_file.write_text(text + hidden)
@@ -135,7 +135,7 @@ def test_extra_check_sees_real_git(tmp_path: Path) -> None:
 
 def test_refuses_failed_item_and_missing_run(coded: Path, tmp_path: Path) -> None:
     dest = _checkout(tmp_path / "co")
-    out_file = coded / "runs/r1/step/0/meta/attempts/1/outcome.json"
+    out_file = coded / "runs/r1/step/0/meta/1/outcome.json"
     data = json.loads(out_file.read_text())
     out_file.write_text(json.dumps(data | {"ok": False, "message": "files changed without the write tools: x"}))
     code, out = _apply(coded, dest, "--yes")

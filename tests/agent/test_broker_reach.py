@@ -211,10 +211,10 @@ def _check(r: subprocess.CompletedProcess[str], root: Path, run_id: str, srv: Mo
     # The positive control: where a broker can be reached, this hunt reaches it and forges.
     assert decoy.forged(marker), (decoy.requests, [c for c in report["candidates"] if c["scope"]])
     # keep: acted on the model's verdict only, and the key was spent once.
-    out = (root / "home" / "runs" / run_id / "report" / "0" / "meta" / "attempts" / "1" / "stdout").read_text()
+    out = (root / "home" / "runs" / run_id / "report" / "0" / "meta" / "1.out").read_text()
     assert out.split("\n") == ["[]", f"REFUTED {model_token}"], out
     assert len(srv.seen) == 1 and "spend" not in json.dumps(srv.seen[0].body)
-    transcript = (root / "home" / "runs" / run_id / "judge" / "0" / "meta" / "attempts" / "1" / "transcript.jsonl")
+    transcript = (root / "home" / "runs" / run_id / "judge" / "0" / "meta" / "1" / "transcript.jsonl")
     events = [json.loads(line) for line in transcript.read_text().splitlines()]
     assert [e["event"] for e in events] == ["model_call", "finish"]
     assert events[-1]["result"] == f"REFUTED {model_token}"

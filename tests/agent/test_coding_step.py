@@ -69,7 +69,7 @@ def test_coding_step_then_apply(provider: str, backend: str, short_tmp: Path) ->
     assert results[0] == ["billing/\nsrc/"]
     assert results[1][0].startswith("error:") and "not named" in results[1][0]
     assert "WRITE TARGET: repo/billing/utils.py" in r.stderr + r.stdout
-    diff = (root / "runs/c1/fix/0/meta/attempts/1/changes.diff").read_text()
+    diff = (root / "runs/c1/fix/0/meta/1/changes.diff").read_text()
     assert "diff --git a/repo/billing/utils.py b/repo/billing/utils.py" in diff and "src/app.py" not in diff
 
     a = subprocess.run([STOCKADE, "apply", "c1", "fix/0", "--to", str(co), "--root", str(root), "--yes"],

@@ -66,7 +66,7 @@ def test_sceptic_example_end_to_end(backend: str, short_tmp: Path) -> None:
         assert not srv.errors, srv.errors
     assert r.returncode == 0, r.stdout + r.stderr
     run = root / "runs" / RUN_ID
-    summary = (run / "summary" / "0" / "meta" / "attempts" / "1" / "stdout").read_text()
+    summary = (run / "summary" / "0" / "meta" / "1.out").read_text()
     assert "1 of 3 claims survived their sceptic: [0]" in summary
     sceptics = [s for s in seen if "You are a sceptic" in s.first_user_text()]
     assert len(sceptics) == 6
@@ -75,7 +75,7 @@ def test_sceptic_example_end_to_end(backend: str, short_tmp: Path) -> None:
     assert sum(t.startswith("error:") for t in told) == 9  # 3 sceptics x (list .., read relative, read absolute)
     assert sorted(t for t in told if not t.startswith("error:") and t.startswith("out/")) == ["out/\nreport.md"] * 3
     for item in range(3):
-        meta = run / "challenge" / str(item) / "meta" / "attempts" / "1"
+        meta = run / "challenge" / str(item) / "meta" / "1"
         transcript = [json.loads(line) for line in (meta / "transcript.jsonl").read_text().splitlines()]
         calls_ = [t for t in transcript if t["event"] == "model_call"]
         assert len(calls_) == 2 and all(t["usage"]["input_tokens"] for t in calls_)

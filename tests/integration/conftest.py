@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -59,6 +60,27 @@ class Project:
 
     def item(self, run_id: str, step: str, item: int = 0) -> Path:
         return self.root / "runs" / run_id / step / str(item)
+
+    def provenance(self, run_id: str, target: str) -> Any:
+        """An item's provenance record, as the run store keeps it (through the CLI)."""
+        r = self.run("show", run_id, target, "--json")
+        assert r.code == 0, r.err
+        return r.json()["provenance"]
+
+    def succeeded(self, run_id: str, step: str) -> set[int]:
+        """Items of ``step`` the store records as succeeded (read straight from SQLite)."""
+        import sqlite3
+
+        db = self.root / "stockade.db"
+        if not db.exists():
+            return set()
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c:
+            try:
+                rows = c.execute("SELECT item FROM items WHERE run_id=? AND step=? AND "
+                                 "status='succeeded'", (run_id, step)).fetchall()
+            except sqlite3.OperationalError:
+                return set()
+        return {int(r[0]) for r in rows}
 
 
 #: Each CLI test runs under the backend a user gets by default (bwrap where it

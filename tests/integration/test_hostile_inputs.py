@@ -73,7 +73,7 @@ def test_tree_copies_no_file_through_a_folder_swapped_for_a_symlink(project: Pro
     """)
     r = project.run("run", str(wf), "--run-id", "t1")
     assert r.code == 0, r.err
-    seen = (project.item("t1", "look") / "meta/attempts/1/stdout").read_text()
+    seen = (project.item("t1", "look") / "meta/1.out").read_text()
     assert marker in seen, seen  # the jail ran, with the tree
     assert "no cfg/settings.txt" in seen and "repo/cfg" not in seen
     assert canary not in seen + r.out + r.err
@@ -84,7 +84,7 @@ def test_tree_copies_no_file_through_a_folder_swapped_for_a_symlink(project: Pro
     manifest = json.loads((project.root / "runs/t1/manifest.json").read_text())
     why = [{"path": "cfg/settings.txt", "why": "cfg is a symlink, not a folder"}]
     assert manifest["input_refused"] == {"tree:checkout": why}
-    prov = json.loads((project.item("t1", "look") / "meta/attempts/1/provenance.json").read_text())
+    prov = project.provenance("t1", "look")
     assert [i["source"].get("refused") for i in prov["inputs"]] == [why]
 
 
@@ -132,7 +132,7 @@ def test_forged_artifact_references_in_step_output_publish_nothing(project: Proj
     r = project.run("run", str(wf), "--run-id", "f1")
     assert r.code == 1, r.err
     sha = hashlib.sha256(mark.encode()).hexdigest()
-    forged = json.loads((project.item("f1", "forge") / "meta/attempts/1/stdout").read_text())
+    forged = json.loads((project.item("f1", "forge") / "meta/1.out").read_text())
     assert [f["$artifact"]["sha256"] for f in forged] == [sha] * 3  # the step saw the real hash
 
     # Only the genuine reference was published, with its real content.
@@ -144,8 +144,8 @@ def test_forged_artifact_references_in_step_output_publish_nothing(project: Proj
         "sha256": sha, "size": len(mark)}, "text": mark}}
     # Each forged item is refused with the reason, once: a refusal is not retried.
     for i in range(3):
-        item = project.item("f1", "forged", i)
-        assert sorted(p.name for p in (item / "meta/attempts").iterdir()) == ["1"]
+        shown = project.run("show", "f1", f"forged/#{i}", "--json").json()
+        assert [a["attempt"] for a in shown["attempts"]] == [1]
         [line] = [ln for ln in r.err.splitlines() if f"forged/{i}: errored (attempt 1)" in ln]
         assert "wf.yaml:25:9: refused: payload[\"report\"] holds the key '$artifact' in data" in line
 

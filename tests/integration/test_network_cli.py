@@ -64,16 +64,16 @@ def test_gather_fetches_through_the_allowlist_and_nothing_else(project: Project,
     assert s["steps"]["refused"] == "failed"
     assert s["steps"]["by_name"] == "failed"
     assert s["steps"]["offline"] == "failed"
-    log = project.item("n1", "gather") / "meta" / "attempts" / "1" / "network.jsonl"
+    log = project.item("n1", "gather") / "meta" / "1.network.jsonl"
     entries = [json.loads(line) for line in log.read_text().splitlines()]
     assert any(e.get("allowed") is True for e in entries), entries
-    refused = project.item("n1", "refused") / "meta" / "attempts" / "1" / "network.jsonl"
+    refused = project.item("n1", "refused") / "meta" / "1.network.jsonl"
     assert any(json.loads(line).get("allowed") is False for line in refused.read_text().splitlines())
-    by_name = project.item("n1", "by_name") / "meta" / "attempts" / "1" / "network.jsonl"
+    by_name = project.item("n1", "by_name") / "meta" / "1.network.jsonl"
     (entry,) = [json.loads(line) for line in by_name.read_text().splitlines()]
     assert entry["allowed"] is False and entry["reason"].startswith("resolves to loopback")
     # The per-item proxy credential is masked in the captures, in both forms.
-    stderr = (log.parent / "stderr").read_text()
+    stderr = (log.parent / "1.err").read_text()
     assert "proxy=http://stockade:********@127.0.0.1:" in stderr, stderr
     assert "Proxy-Authorization: Basic ********" in stderr, stderr
     assert not re.search(r"stockade:[0-9a-f]{32}", stderr + log.read_text())

@@ -141,7 +141,7 @@ def test_a_killed_engine_shows_crashed_with_the_resume_command(project: Project)
             run: sleep 300
     """)
     p = project.popen("run", str(wf), "--run-id", "cr1")
-    _wait_for(lambda: (project.item("cr1", "slow", 0) / "meta/attempts/1/stdout").exists())
+    _wait_for(lambda: (project.item("cr1", "slow", 0) / "meta/1.out").exists())
     # While it runs it is running, not crashed.
     assert project.run("runs", "--json").json()[0]["status"] == "running"
     os.killpg(p.pid, signal.SIGKILL)
@@ -311,7 +311,7 @@ def test_gc_rm_and_cancel_never_touch_a_running_run(project: Project) -> None:
     for rid in ("old-1", "old-2", "old-3"):
         assert project.run("run", str(wf), "--run-id", rid).code == 0
     p = project.popen("run", str(slow), "--run-id", "live-1")
-    _wait_for(lambda: (project.item("live-1", "a", 0) / "meta/attempts/1/stdout").exists())
+    _wait_for(lambda: (project.item("live-1", "a", 0) / "meta/1.out").exists())
     dry = project.run("gc", "--keep", "0", "--dry-run")
     assert dry.code == 0 and "old-1" in dry.out and "live-1" not in dry.out
     assert (project.root / "runs/old-1").exists()

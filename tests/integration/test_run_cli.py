@@ -57,7 +57,7 @@ def test_fan_out_with_artifacts_and_keep(project: Project) -> None:
     assert greeting.read_text() == "hello b from each/1 attempt 1\n"
     join = (project.item("r1", "join") / "meta" / "attempts" / "1" / "stdout").read_text()
     assert join.splitlines()[0] == "hello a from each/0 attempt 1"
-    prov = json.loads((project.item("r1", "join") / "meta/attempts/1/provenance.json").read_text())
+    prov = project.provenance("r1", "join")
     sources = {i["name"]: i["source"] for i in prov["inputs"]}
     assert sources["first.txt"]["kind"] == "artifact"
     assert sources["first.txt"]["run_id"] == "r1"
@@ -216,10 +216,10 @@ def test_environment_is_built_not_inherited_and_secrets_are_masked(project: Proj
     r = project.run("run", str(wf), "--run-id", "e1",
                     env={"API_TOKEN": secret, "HOST_CANARY": "leaked"})
     assert r.code == 0, r.err
-    w = (project.item("e1", "with-secret") / "meta/attempts/1/stdout").read_text()
+    w = (project.item("e1", "with-secret") / "meta/1.out").read_text()
     assert w.strip() == "token=******** greeting=hi canary=absent"
-    assert secret not in (project.item("e1", "with-secret") / "meta/attempts/1/stderr").read_text()
-    wo = (project.item("e1", "without") / "meta/attempts/1/stdout").read_text()
+    assert secret not in (project.item("e1", "with-secret") / "meta/1.err").read_text()
+    wo = (project.item("e1", "without") / "meta/1.out").read_text()
     assert wo.strip() == "token=absent canary=absent"
     for path in project.root.rglob("*"):
         if path.is_file():
@@ -236,7 +236,7 @@ def test_stockade_variables_are_set(project: Project) -> None:
     """)
     r = project.run("run", str(wf), "--run-id", "v1")
     assert r.code == 0, r.err
-    assert (project.item("v1", "s", 1) / "meta/attempts/1/stdout").read_text() == "v1 s 1 1\n"
+    assert (project.item("v1", "s", 1) / "meta/1.out").read_text() == "v1 s 1 1\n"
 
 
 def test_run_values_are_shell_quoted(project: Project) -> None:
@@ -251,7 +251,7 @@ def test_run_values_are_shell_quoted(project: Project) -> None:
     r = project.run("run", str(wf), "--run-id", "q1")
     assert r.code == 0, r.err
     assert not (project.item("q1", "s") / "work" / "pwned").exists()
-    assert (project.item("q1", "s") / "meta/attempts/1/stdout").read_text() == \
+    assert (project.item("q1", "s") / "meta/1.out").read_text() == \
         "x'; touch pwned; echo '\n"
 
 
@@ -330,7 +330,7 @@ def test_sigint_interrupts_cleanly_with_130(project: Project) -> None:
             run: sleep 60
     """)
     p = project.popen("run", str(wf), "--run-id", "i1")
-    _wait_for(lambda: (project.item("i1", "slow", 0) / "meta/attempts/1/stdout").exists())
+    _wait_for(lambda: (project.item("i1", "slow", 0) / "meta/1.out").exists())
     time.sleep(0.5)
     os.killpg(p.pid, signal.SIGINT)
     _, err = p.communicate(timeout=60)
@@ -373,8 +373,7 @@ def test_sigkill_then_resume_keeps_verified_items(project: Project) -> None:
     # The first run is slow from item 3 on (SLOW is a host variable the step
     # lists as a secret); the resumed one is not.
     p = project.popen("run", str(wf), "--run-id", "k1", "--jobs", "2", env={"SLOW": "yes"})
-    done = [project.item("k1", "work", i) / "meta" / "completion.json" for i in range(3)]
-    _wait_for(lambda: all(d.exists() for d in done))
+    _wait_for(lambda: {0, 1, 2} <= project.succeeded("k1", "work"))
     _wait_for(lambda: len(_processes("sleep 302.5")) >= 1)
     time.sleep(0.5)
     os.killpg(p.pid, signal.SIGKILL)
@@ -393,7 +392,7 @@ def test_sigkill_then_resume_keeps_verified_items(project: Project) -> None:
     lost = project.run("show", "k1", "work/3", "--json").json()["attempts"][0]
     assert lost["outcome"] == "lost"
     assert attempts[4][-1] in (1, 2) and attempts[5][-1] in (1, 2)
-    total = (project.item("k1", "total") / "meta/attempts/1/stdout").read_text()
+    total = (project.item("k1", "total") / "meta/1.out").read_text()
     assert json.loads(total) == ["0", "1", "2", "3", "4", "5"]
     for i in range(6):
         assert (project.item("k1", "work", i) / "work/out/r.txt").read_text() == f"result {i}\n"
@@ -458,7 +457,7 @@ def test_none_backend_is_announced_and_recorded_everywhere(project: Project) -> 
     assert manifest["sandbox"]["backend"] == "none"
     assert manifest["sandbox"]["enforced"] is False
     assert manifest["sandbox"]["limitations"]
-    prov = json.loads((project.item("n1", "a") / "meta/attempts/1/provenance.json").read_text())
+    prov = project.provenance("n1", "a")
     assert prov["sandbox"]["enforced"] is False
     assert [o["enforced"] for o in prov["outputs"]] == [False]
     assert "not enforced" in project.run("runs").out
@@ -477,8 +476,8 @@ def test_isolate_false_is_recorded_as_an_opt_out(project: Project) -> None:
     r = project.run("run", str(wf), "--run-id", "o1")
     assert r.code == 0, r.err
     assert "free: isolate: false - runs WITHOUT a sandbox" in r.err
-    jailed = json.loads((project.item("o1", "jailed") / "meta/attempts/1/provenance.json").read_text())
-    free = json.loads((project.item("o1", "free") / "meta/attempts/1/provenance.json").read_text())
+    jailed = project.provenance("o1", "jailed")
+    free = project.provenance("o1", "free")
     assert free["sandbox"] == {"backend": "none", "enforced": False, "isolate": False}
     assert jailed["sandbox"]["isolate"] is True
     assert jailed["sandbox"]["enforced"] is True

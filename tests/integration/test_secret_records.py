@@ -91,7 +91,7 @@ def test_no_record_or_view_holds_a_secret(project: Project) -> None:
     ]
     for v in views:
         assert token not in v.out + v.err
-    net_log = (project.item("leak1", "net") / "meta/attempts/1/network.jsonl").read_text()
+    net_log = (project.item("leak1", "net") / "meta/1.network.jsonl").read_text()
     assert "********" in net_log and "not in allowlist" in net_log
     data = (project.item("leak1", "list") / "work/out/list.json",)
     assert token in data[0].read_text()

@@ -68,10 +68,10 @@ def test_run_dir_is_never_reused(tmp_path: Path) -> None:
 
 def test_retry_gets_a_fresh_work_dir_and_the_old_one_moves_to_meta(tmp_path: Path) -> None:
     idir = RunDir(tmp_path, "r").item("s", 0)
-    assert idir.begin_attempt() == 1
+    assert idir.begin_attempt(1) == 1
     (idir.out / "report.json").write_text("from attempt 1")
     (idir.work / "scratch.txt").write_text("left behind")
-    assert idir.begin_attempt() == 2
+    assert idir.begin_attempt(2) == 2
     assert sorted(os.listdir(idir.work)) == ["out"]
     assert os.listdir(idir.out) == []
     old = idir.attempt_dir(1) / "work"

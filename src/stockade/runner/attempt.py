@@ -20,6 +20,7 @@ from typing import Any
 
 from stockade.errors import StaleOutput, TamperedArtifact, UserError
 from stockade.expr import RenderError
+from stockade.runner.captures import Captures
 from stockade.runner.env import Masker
 from stockade.runner.status import AttemptStatus
 from stockade.sandbox.base import Backend, Running
@@ -120,6 +121,8 @@ class RunContext:
     masker: Masker
     #: Keys the HMAC of secret values in reuse keys (the root's ``reuse.key``).
     reuse_secret: bytes
+    #: Moves jails' piped output into ``meta/`` (one thread for the run).
+    captures: Captures
     #: ``locate(step_id, path)`` -> "FILE:LINE:COL" of a field of a step.
     locate: Callable[[str, tuple[str | int, ...]], str] = lambda step, path: step
 
@@ -159,8 +162,16 @@ class Attempt:
 
     @property
     def meta(self) -> Path:
-        """This attempt's engine-owned records (never mounted into a jail)."""
+        """This attempt's folder of further records (made by the kinds that need one)."""
         return self.dirs.attempt_dir(self.number)
+
+    @property
+    def stdout(self) -> Path:
+        return self.dirs.stdout(self.number)
+
+    @property
+    def stderr(self) -> Path:
+        return self.dirs.stderr(self.number)
 
     def locate(self, *path: str | int) -> str:
         return self.run.locate(self.step.id, path)
@@ -198,6 +209,8 @@ class Outcome:
     reuse_key: str | None = None
     #: ``{run_id, step, item, attempt}`` of the earlier item whose outputs were taken.
     reused_from: Mapping[str, Any] | None = None
+    #: The attempt's provenance (``workspace.records.Provenance`` as JSON), for the store.
+    provenance: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:

@@ -345,6 +345,7 @@ class Engine:
 
     def _find_reusable(self, sr: _StepRun, done: set[int]) -> None:
         """Key every item that is not kept already and look the keys up in one go."""
+        t0 = time.perf_counter()
         kind = kind_of(sr.step)
         for it in sr.items:
             if it.index in done:
@@ -364,6 +365,9 @@ class Engine:
         found = self.store.reuse_candidates(list(keyed), exclude_run=self.run.run_id)
         for key, cands in found.items():
             keyed[key].candidates = cands
+        self._event("reuse_lookup", {"step": sr.step.id, "items": len(sr.items),
+                                     "keyed": len(keyed), "candidates": len(found),
+                                     "seconds": round(time.perf_counter() - t0, 4)})
 
     def _values(self, step: Step) -> list[Any]:
         if step.for_each is None:
@@ -432,7 +436,7 @@ class Engine:
             return None
         now = self.ctx.clock()
         try:
-            place(attempt, chosen, it.digests, now)
+            record = place(attempt, chosen, it.digests, now)
         except OSError as exc:
             self.reporter.echo(f"warning: {attempt.item}: could not reuse run "
                                f"{chosen.run_id}'s outputs ({exc.strerror}); running it")
@@ -443,7 +447,7 @@ class Engine:
             AttemptStatus.SUCCEEDED, attempt.number, result=chosen.result,
             message=f"reused from run {chosen.run_id}", started_at=now, ended_at=now,
             outputs=[Output(o.name, o.sha256, o.size) for o in chosen.outputs],
-            reuse_key=it.reuse_key, reused_from=origin,
+            reuse_key=it.reuse_key, reused_from=origin, provenance=record,
         )
 
     def _attempt_ended(self, attempt: Attempt, outcome: Outcome) -> list[Action]:
@@ -454,7 +458,7 @@ class Engine:
             self._pending_attempts.append(AttemptRecord(
                 self.run.run_id, attempt.step.id, attempt.item.index, outcome.attempt,
                 str(outcome.status), outcome.exit_code, outcome.started_at, outcome.ended_at,
-                self.ctx.masker.text(outcome.message)))
+                self.ctx.masker.text(outcome.message), outcome.provenance))
         return self.scheduler.handle(AttemptEnded(
             attempt.step.id, attempt.item.index, outcome.status, self.ctx.clock(),
             outcome.retryable))

@@ -16,7 +16,6 @@ from typing import Protocol
 
 from stockade.runner.attempt import Attempt, Outcome
 from stockade.runner.kinds import kind_of
-from stockade.runner.records import write_completion
 from stockade.runner.status import AttemptStatus
 
 Done = tuple[Attempt, Outcome]
@@ -84,9 +83,7 @@ class LocalExecutor:
 
 
 def _run(attempt: Attempt) -> Outcome:
-    outcome = kind_of(attempt.step).run(attempt)
-    write_completion(attempt, outcome)
-    return outcome
+    return kind_of(attempt.step).run(attempt)
 
 
 def _result(attempt: Attempt, fut: Future[Outcome]) -> Outcome:

@@ -22,7 +22,7 @@ from stockade.runner.runs import run_path, state
 from stockade.runner.status import RunStatus
 from stockade.store.base import AttemptRecord, ItemRecord, RunRecord, Store
 from stockade.workspace.layout import ItemDir, RunDir, read_json
-from stockade.workspace.records import Provenance, read_completion, read_provenance
+from stockade.workspace.records import Provenance
 
 
 @dataclass
@@ -137,6 +137,16 @@ def item_dir(record: RunRecord, item: ItemRecord) -> ItemDir:
     return RunDir(Path(record.root), record.run_id).item(item.step, item.item)
 
 
+def attempt_provenance(store: Store, run_id: str, step: str, item: int,
+                       attempt: int) -> Provenance | None:
+    """An attempt's provenance as the store keeps it."""
+    for a in store.attempts(run_id, step, item):
+        if a.attempt == attempt and a.provenance:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                return Provenance.from_json(a.provenance)
+    return None
+
+
 def item_view(store: Store, record: RunRecord, item: ItemRecord) -> ItemView:
     view_kind = kind_of(record, item.step)
     idir = item_dir(record, item)
@@ -145,13 +155,11 @@ def item_view(store: Store, record: RunRecord, item: ItemRecord) -> ItemView:
     pub = None
     tail = ""
     if item.attempt:
-        adir = idir.attempt_dir(item.attempt)
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            prov = read_provenance(adir / "provenance.json")
-        with contextlib.suppress(OSError, ValueError):
-            pub = read_json(adir / "publish.json")
+        prov = attempt_provenance(store, record.run_id, item.step, item.item, item.attempt)
+        raw = next((a.provenance for a in attempts if a.attempt == item.attempt), None) or {}
+        pub = raw.get("publish") if isinstance(raw.get("publish"), dict) else None
         if item.status not in ("succeeded", "skipped"):
-            tail = _tail(adir / "stderr")
+            tail = _tail(idir.stderr(item.attempt))
     return ItemView(item, view_kind, attempts, prov, pub, tail)
 
 
@@ -190,16 +198,19 @@ def log(store: Store, record: RunRecord, item: ItemRecord, which: str, attempt: 
                         f"#{origin.get('item')})")
     idir = item_dir(record, item)
     known = [a.attempt for a in store.attempts(record.run_id, item.step, item.item)]
-    on_disk = idir.last_attempt()
-    n = attempt if attempt is not None else (item.attempt or on_disk)
+    on_disk = idir.attempt_numbers()
+    n = attempt if attempt is not None else (item.attempt or (on_disk[-1] if on_disk else 0))
     if n <= 0:
         raise UserError(f"{label} never started an attempt ({item.status}: {item.message})")
-    path = idir.attempt_dir(n) / which
-    if not path.exists():
-        have = sorted(set(known) | set(range(1, on_disk + 1)))
-        raise UserError(f"{label} has no attempt {n} with {which} "
+    if n not in known and n not in on_disk:
+        have = sorted(set(known) | set(on_disk))
+        raise UserError(f"{label} has no attempt {n} "
                         f"(attempts: {', '.join(map(str, have)) or 'none'})")
-    return path.read_bytes()
+    path = idir.stdout(n) if which == "stdout" else idir.stderr(n)
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""  # stderr is kept only when the attempt wrote any
 
 
 def provenance_chain(store: Store, record: RunRecord, item: ItemRecord, output: str | None,
@@ -211,24 +222,21 @@ def provenance_chain(store: Store, record: RunRecord, item: ItemRecord, output: 
                         "(see `stockade show` for its decision and the item it kept)")
     if kind == "publish":
         return _publish_node(store, record, item)
-    rundir = RunDir(Path(record.root), record.run_id)
     name = output.removeprefix("out/") if output else None
     if name is not None:
         names = [o.name for o in item.outputs]
         if name not in names:
             listed = ", ".join(f"out/{n}" for n in names) or "none"
             raise UserError(f"{label} has no output {output!r} (its outputs: {listed})")
-    return _chain(rundir, item.step, item.item, name, 0, set())
+    return _chain(store, record.run_id, item.step, item.item, name, 0, set())
 
 
-def _chain(rundir: RunDir, step: str, index: int, output: str | None, depth: int,
+def _chain(store: Store, run_id: str, step: str, index: int, output: str | None, depth: int,
            seen: set[tuple[str, str, int]]) -> dict[str, Any]:
-    idir = rundir.item(step, index)
-    try:
-        done = read_completion(idir.completion)
-        prov = read_provenance(idir.attempt_dir(done.attempt) / "provenance.json")
-    except (OSError, ValueError, KeyError):
-        raise UserError(f"no provenance for {step}/#{index} in run {rundir.run_id}") from None
+    rec = store.get_item(run_id, step, index)
+    prov = None if rec is None else attempt_provenance(store, run_id, step, index, rec.attempt)
+    if prov is None:
+        raise UserError(f"no provenance for {step}/#{index} in run {run_id}")
     outputs = [o for o in prov.outputs if output is None or o.name == output]
     node: dict[str, Any] = {
         "step": step, "item": index, "key": prov.key, "attempt": prov.attempt,
@@ -239,29 +247,33 @@ def _chain(rundir: RunDir, step: str, index: int, output: str | None, depth: int
                                       None)
     if reused:
         node["reused_from"] = dict(reused)
-    seen.add((rundir.run_id, step, index))
+    seen.add((run_id, step, index))
     for inp in prov.inputs:
         entry: dict[str, Any] = {"name": inp.name, "sha256": inp.sha256, "size": inp.size,
                                  "source": dict(inp.source)}
         src = inp.source
         if inp.kind == "artifact" and depth < 50:
-            src_run = str(src.get("run_id", rundir.run_id))
-            producer = RunDir(rundir.root, src_run)
+            src_run = str(src.get("run_id", run_id))
             key = (src_run, str(src["step"]), int(src["item"]))
             if key not in seen:
                 with contextlib.suppress(UserError):
-                    entry["from"] = _chain(producer, str(src["step"]), int(src["item"]),
+                    entry["from"] = _chain(store, src_run, str(src["step"]), int(src["item"]),
                                            str(src["name"]), depth + 1, seen)
         node["inputs"].append(entry)
+    if reused and depth < 50:
+        # Across runs: where the reused outputs were made.
+        origin = (str(reused.get("run_id")), str(reused.get("step")), int(reused.get("item", 0)))
+        if origin not in seen:
+            with contextlib.suppress(UserError, ValueError, TypeError):
+                node["reused"] = _chain(store, *origin, output, depth + 1, seen)
     return node
 
 
 def _publish_node(store: Store, record: RunRecord, item: ItemRecord) -> dict[str, Any]:
-    idir = item_dir(record, item)
     pub: Mapping[str, Any] = {}
-    if item.attempt:
-        with contextlib.suppress(OSError, ValueError):
-            pub = read_json(idir.attempt_dir(item.attempt) / "publish.json")
+    for a in store.attempts(record.run_id, item.step, item.item):
+        if a.attempt == item.attempt and a.provenance:
+            pub = a.provenance.get("publish") or {}
     effect = store.get_effect(f"{record.run_id}/{item.step}/{item.item}")
     node: dict[str, Any] = {
         "kind": "publish", "step": item.step, "item": item.item, "key": item.label,
@@ -269,11 +281,10 @@ def _publish_node(store: Store, record: RunRecord, item: ItemRecord) -> dict[str
         "publish": dict(pub), "effect": effect.__dict__ if effect else None,
         "payload_artifacts": [],
     }
-    rundir = RunDir(Path(record.root), record.run_id)
     for ref in pub.get("payload_artifacts") or []:
         entry = dict(ref)
         with contextlib.suppress(UserError, KeyError, ValueError, TypeError):
-            entry["from"] = _chain(rundir, str(ref["step"]), int(ref["item"]), str(ref["name"]),
-                                   1, set())
+            entry["from"] = _chain(store, record.run_id, str(ref["step"]), int(ref["item"]),
+                                   str(ref["name"]), 1, set())
         node["payload_artifacts"].append(entry)
     return node

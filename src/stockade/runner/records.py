@@ -1,26 +1,20 @@
-"""Write an attempt's records into the item's ``meta/`` (provenance, completion).
+"""An attempt's provenance record, built from the ``Attempt`` and its ``Outcome``.
 
-The types live in ``workspace.records``; this module fills them from an
-``Attempt`` and its ``Outcome``. Every string goes through the run's masker.
-Must not import the engine, the executors or the CLI.
+The type lives in ``workspace.records``; the record travels on the outcome
+(``Outcome.provenance``) to the engine, which stores it with the attempt in
+the run store (one transaction with the item's completion). Every string
+goes through the run's masker. Must not import the engine, the executors or
+the CLI.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from stockade.runner.attempt import Attempt, Outcome
 from stockade.workspace.artifacts import Materialised
-from stockade.workspace.records import (
-    Completion,
-    InputRecord,
-    OutputRecord,
-    Provenance,
-    SandboxUse,
-    hashes,
-)
-from stockade.workspace.records import write_completion as _write_completion
-from stockade.workspace.records import write_provenance as _write_provenance
+from stockade.workspace.records import InputRecord, OutputRecord, Provenance, SandboxUse
 
 
 def provenance(attempt: Attempt, outcome: Outcome, inputs: Sequence[Materialised]) -> Provenance:
@@ -46,19 +40,11 @@ def provenance(attempt: Attempt, outcome: Outcome, inputs: Sequence[Materialised
     )
 
 
-def write_provenance(attempt: Attempt, outcome: Outcome, inputs: Sequence[Materialised]) -> None:
-    """The per-attempt record every output's provenance points at."""
-    _write_provenance(attempt.meta / "provenance.json", provenance(attempt, outcome, inputs))
-
-
-def write_completion(attempt: Attempt, outcome: Outcome) -> None:
-    """The item's completion record, written after every attempt of a process kind.
-
-    Resume trusts an item only when the store and this file agree, so a crash
-    between the two reruns the item rather than trusting half a record.
-    """
-    _write_completion(attempt.dirs.completion, Completion(
-        run_id=attempt.run.run_id, step=attempt.step.id, item=attempt.item.index,
-        key=attempt.item.key, status=str(outcome.status), attempt=outcome.attempt,
-        outputs=hashes(outcome.outputs),
-    ))
+def attach(attempt: Attempt, outcome: Outcome, inputs: Sequence[Materialised],
+           extra: dict[str, Any] | None = None) -> Outcome:
+    """Put the attempt's provenance on its outcome (the engine stores it)."""
+    record = provenance(attempt, outcome, inputs).to_json()
+    if extra:
+        record.update(attempt.run.masker.value(extra))
+    outcome.provenance = record
+    return outcome

@@ -1,10 +1,11 @@
 """Which items of an interrupted or crashed run can be kept when it resumes.
 
-An item is kept only when its store record and its completion file agree on
-the attempt, the key and every output, and every output file still hashes to
-the recorded sha256 (never size or mtime). Attempts on disk that the store
-never saw finish were cut short by the engine's death: they are recorded as
-``lost``. Must not import the engine or the CLI.
+An item is kept only when the store records it as succeeded (the record is
+written in one transaction with its attempt and provenance, after the
+attempt ended) and every output file it lists still hashes to the recorded
+sha256 (never size or mtime). Attempts on disk that the store never saw
+finish were cut short by the engine's death: they are recorded as ``lost``.
+Must not import the engine or the CLI.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from stockade.runner.status import AttemptStatus, ItemStatus
 from stockade.store.base import AttemptRecord, Event, ItemRecord, Store
 from stockade.workspace.artifacts import sha256_file
 from stockade.workspace.layout import ItemDir, RunDir
-from stockade.workspace.records import read_completion
 
 
 def verified_items(run: RunDir, store: Store, kinds: dict[str, str],
@@ -36,18 +36,9 @@ def verified_items(run: RunDir, store: Store, kinds: dict[str, str],
 
 def verifies(run: RunDir, rec: ItemRecord) -> bool:
     idir = run.item(rec.step, rec.item)
-    try:
-        done = read_completion(idir.completion)
-    except (OSError, ValueError, KeyError):
+    if any(a.run_id != run.run_id for a in rec.outputs):
         return False
-    if done.status != ItemStatus.SUCCEEDED or done.attempt != rec.attempt \
-            or done.run_id != run.run_id or (rec.key and done.key and rec.key != done.key):
-        return False
-    recorded = {a.name: (a.sha256, a.size) for a in rec.outputs}
-    on_disk = {o.name: (o.sha256, o.size) for o in done.outputs}
-    if recorded != on_disk:
-        return False
-    for name, expected in recorded.items():
+    for name, expected in ((a.name, (a.sha256, a.size)) for a in rec.outputs):
         try:
             if sha256_file(idir.out / name) != expected:
                 return False
@@ -59,14 +50,14 @@ def verifies(run: RunDir, rec: ItemRecord) -> bool:
 def record_lost_attempts(run_id: str, step: str, index: int, idir: ItemDir, store: Store,
                          clock: Callable[[], float]) -> int:
     """Record attempts a crashed engine left unfinished; return the last attempt number."""
-    last = idir.last_attempt()
-    if not last:
+    on_disk = idir.attempt_numbers()
+    if not on_disk:
         return 0
     known = {a.attempt for a in store.attempts(run_id, step, index)}
-    for n in range(1, last + 1):
-        if n not in known and idir.attempt_dir(n).exists():
+    for n in on_disk:
+        if n not in known:
             at = clock()
             store.record_attempt(AttemptRecord(
                 run_id, step, index, n, AttemptStatus.LOST, None, at, at,
                 "the engine stopped during this attempt"))
-    return last
+    return on_disk[-1]

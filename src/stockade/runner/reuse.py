@@ -13,8 +13,8 @@ whether it is enforced, ``isolate``, ``network`` and ``resources``.
 takes the first earlier item whose every output still hashes to what was
 recorded, by sha256, never by size or mtime; ``place`` puts those outputs in
 this run (a reflink where the filesystem has them, else a hard link to a
-file made read-only, else a copy) and writes the item's provenance with
-``reused_from``. A tampered, missing or unreadable earlier output is never
+file made read-only, else a copy) and returns the item's provenance, which
+names the earlier item as ``reused_from``. A tampered, missing or unreadable earlier output is never
 reused: the item runs.
 
 Must not import the engine or the CLI.
@@ -41,16 +41,7 @@ from stockade.spec.model import Step
 from stockade.store.base import ReuseCandidate
 from stockade.workspace.artifacts import Artifact, HostFile, HostTree, sha256_file, to_json_value
 from stockade.workspace.layout import RunDir
-from stockade.workspace.records import (
-    Completion,
-    FileHash,
-    InputRecord,
-    OutputRecord,
-    Provenance,
-    SandboxUse,
-    write_completion,
-    write_provenance,
-)
+from stockade.workspace.records import InputRecord, OutputRecord, Provenance, SandboxUse
 
 #: Bump when what goes into a key changes: every earlier key stops matching.
 CACHE_FORMAT = 1
@@ -230,25 +221,28 @@ def _link_or_copy(src: Path, dst: Path) -> str:
 
 
 def place(attempt: Attempt, candidate: ReuseCandidate, inputs: Sequence[InputDigest],
-          now: float) -> tuple[str, ...]:
-    """Put the earlier item's outputs into this run and write its records; return how each
-    output was placed."""
-    dirs = attempt.dirs
+          now: float) -> dict[str, Any]:
+    """Put the earlier item's outputs into this run's ``work/out/``; return the
+    provenance record (it names the earlier item as ``reused_from``).
+
+    Only the item's folder, ``work/`` and ``out/`` are created: nothing ran, so
+    there are no captures, and the records go to the store.
+    """
     src_out = RunDir(Path(candidate.root), candidate.run_id).item(candidate.step,
                                                                    candidate.item).out
-    dirs.begin_attempt(attempt.number)
-    dirs.end_attempt()
-    how = []
+    out = attempt.dirs.out
+    os.makedirs(out)
     for o in candidate.outputs:
-        dst = dirs.out / o.name
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        how.append(_link_or_copy(src_out / o.name, dst))
+        dst = out / o.name
+        if "/" in o.name:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+        _link_or_copy(src_out / o.name, dst)
     origin = {"run_id": candidate.run_id, "step": candidate.step, "item": candidate.item,
               "attempt": candidate.attempt}
     run, step = attempt.run, attempt.step
     backend = run.backend.name if step.isolate else run.none_backend.name
     enforced = run.enforced and step.isolate
-    write_provenance(attempt.meta / "provenance.json", Provenance(
+    return Provenance(
         run_id=run.run_id, step=step.id, item=attempt.item.index, key=attempt.item.key,
         attempt=attempt.number, status="succeeded",
         message=f"reused from run {candidate.run_id}", started_at=now, ended_at=now,
@@ -261,10 +255,4 @@ def place(attempt: Attempt, candidate: ReuseCandidate, inputs: Sequence[InputDig
             sandbox=backend, enforced=enforced, reused_from={**origin, "sha256": o.sha256})
             for o in candidate.outputs),
         reused_from=origin,
-    ))
-    write_completion(dirs.completion, Completion(
-        run_id=run.run_id, step=step.id, item=attempt.item.index, key=attempt.item.key,
-        status="succeeded", attempt=attempt.number,
-        outputs=tuple(FileHash(o.name, o.sha256, o.size) for o in candidate.outputs),
-    ))
-    return tuple(how)
+    ).to_json()

@@ -30,6 +30,7 @@ from stockade.errors import UserError
 from stockade.plan import Plan, build_plan
 from stockade.runner import preflight
 from stockade.runner.attempt import Jails, PublishSettings, RunContext
+from stockade.runner.captures import Captures
 from stockade.runner.cpus import available_cpus
 from stockade.runner.engine import Engine, RunSummary
 from stockade.runner.env import Masker
@@ -440,6 +441,7 @@ def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
             allow_stale=opts.allow_stale, base_dir=base, vars=p.values,
         ),
         masker=masker, locate=locate, reuse_secret=secret_key(run.root),
+        captures=Captures(),
     )
     executor = LocalExecutor(opts.jobs or available_cpus())
     lock = RunLock(run.path)
@@ -454,6 +456,7 @@ def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
             summary = engine.execute()
         finally:
             executor.close()
+            context.captures.close()
             p.sandbox.backend.close()
         ended = clock()
         store.update_run(run.run_id, status=summary.status, ended_at=ended)

@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from stockade.store.base import ArtifactRecord, Effect, ItemRecord, RunRecord
+from stockade.store.base import ArtifactRecord, AttemptRecord, Effect, ItemRecord, RunRecord
 
 
 def dump_json(value: Any) -> str:
@@ -36,6 +36,14 @@ def item_from_row(r: Sequence[Any], outputs: Sequence[ArtifactRecord]) -> ItemRe
         message=r[7], started_at=r[8], ended_at=r[9], outputs=tuple(outputs),
         key=r[10] if len(r) > 10 and r[10] else str(r[2]),
         reused_from=load_json(r[11]) if len(r) > 11 else None,
+    )
+
+
+def attempt_from_row(r: Sequence[Any]) -> AttemptRecord:
+    return AttemptRecord(
+        run_id=r[0], step=r[1], item=int(r[2]), attempt=int(r[3]), outcome=r[4],
+        exit_code=r[5], started_at=float(r[6]), ended_at=float(r[7]), message=r[8],
+        provenance=load_json(r[9]) if len(r) > 9 else None,
     )
 
 

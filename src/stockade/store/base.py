@@ -87,6 +87,8 @@ class AttemptRecord:
     started_at: float
     ended_at: float
     message: str = ""
+    #: What went in and came out, with hashes (``workspace.records.Provenance`` as JSON).
+    provenance: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def items(self, run_id: str, step: str | None = None) -> list[ItemRecord]:
         """Completion records with their outputs, ordered by step then item."""
+
+    @abc.abstractmethod
+    def get_item(self, run_id: str, step: str, item: int) -> ItemRecord | None:
+        """One item's completion record with its outputs."""
 
     @abc.abstractmethod
     def add_event(self, event: Event) -> None: ...

@@ -21,6 +21,7 @@ import psycopg
 
 from stockade.errors import InfraError
 from stockade.store._rows import (
+    attempt_from_row,
     dump_json,
     effect_from_row,
     item_from_row,
@@ -208,13 +209,13 @@ class PostgresStore(Store):
         a = attempt
         with self._tx() as cur:
             cur.execute(
-                "INSERT INTO stockade_attempts VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s)"
+                "INSERT INTO stockade_attempts VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
                 " ON CONFLICT (run_id, step, item, attempt) DO UPDATE SET"
                 " outcome=EXCLUDED.outcome, exit_code=EXCLUDED.exit_code,"
                 " started_at=EXCLUDED.started_at, ended_at=EXCLUDED.ended_at,"
-                " message=EXCLUDED.message",
+                " message=EXCLUDED.message, provenance=EXCLUDED.provenance",
                 (a.run_id, a.step, a.item, a.attempt, a.outcome, a.exit_code, a.started_at,
-                 a.ended_at, a.message),
+                 a.ended_at, a.message, None if a.provenance is None else dump_json(a.provenance)),
             )
 
     def attempts(self, run_id: str, step: str, item: int) -> list[AttemptRecord]:
@@ -223,7 +224,7 @@ class PostgresStore(Store):
             " ORDER BY attempt",
             (run_id, step, item),
         )
-        return [AttemptRecord(*r) for r in rows]
+        return [attempt_from_row(r) for r in rows]
 
     def complete_item(self, item: ItemRecord, outputs: list[ArtifactRecord]) -> None:
         i = item
@@ -268,6 +269,17 @@ class PostgresStore(Store):
         for r in self._rows(f"SELECT * FROM stockade_items WHERE {where} ORDER BY step, item", args):
             out.append(item_from_row(r, arts.get((r[1], r[2]), ())))
         return out
+
+    def get_item(self, run_id: str, step: str, item: int) -> ItemRecord | None:
+        args = (run_id, step, item)
+        rows = self._rows(
+            "SELECT * FROM stockade_items WHERE run_id=%s AND step=%s AND item=%s", args)
+        if not rows:
+            return None
+        arts = [ArtifactRecord(*r) for r in self._rows(
+            "SELECT * FROM stockade_artifacts WHERE run_id=%s AND step=%s AND item=%s"
+            " ORDER BY name", args)]
+        return item_from_row(rows[0], arts)
 
     # -- events ------------------------------------------------------------
 

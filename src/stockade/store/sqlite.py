@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.store._rows import (
+    attempt_from_row,
     dump_json,
     effect_from_row,
     item_from_row,
@@ -85,6 +86,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     started_at REAL NOT NULL,
     ended_at REAL NOT NULL,
     message TEXT NOT NULL,
+    provenance TEXT,
     PRIMARY KEY (run_id, step, item, attempt)
 );
 CREATE TABLE IF NOT EXISTS events (
@@ -201,6 +203,8 @@ class SQLiteStore(Store):
             self._db.execute("ALTER TABLE items ADD COLUMN key TEXT NOT NULL DEFAULT ''")
         if "reused_from" not in columns:
             self._db.execute("ALTER TABLE items ADD COLUMN reused_from TEXT")
+        if "provenance" not in {r[1] for r in self._db.execute("PRAGMA table_info(attempts)")}:
+            self._db.execute("ALTER TABLE attempts ADD COLUMN provenance TEXT")
 
     # -- helpers -----------------------------------------------------------
 
@@ -309,9 +313,9 @@ class SQLiteStore(Store):
     @staticmethod
     def _attempt_stmt(a: AttemptRecord) -> tuple[str, tuple[Any, ...]]:
         return (
-            "INSERT OR REPLACE INTO attempts VALUES (?,?,?,?,?,?,?,?,?)",
+            "INSERT OR REPLACE INTO attempts VALUES (?,?,?,?,?,?,?,?,?,?)",
             (a.run_id, a.step, a.item, a.attempt, a.outcome, a.exit_code, a.started_at,
-             a.ended_at, a.message),
+             a.ended_at, a.message, None if a.provenance is None else dump_json(a.provenance)),
         )
 
     def record_attempt(self, attempt: AttemptRecord) -> None:
@@ -322,7 +326,7 @@ class SQLiteStore(Store):
             "SELECT * FROM attempts WHERE run_id=? AND step=? AND item=? ORDER BY attempt",
             (run_id, step, item),
         )
-        return [AttemptRecord(*r) for r in rows]
+        return [attempt_from_row(r) for r in rows]
 
     @staticmethod
     def _item_stmts(i: ItemRecord, outputs: list[ArtifactRecord]) -> list[tuple[str, tuple[Any, ...]]]:
@@ -371,6 +375,15 @@ class SQLiteStore(Store):
         for r in self._rows(f"SELECT * FROM items WHERE {where} ORDER BY step, item", args):
             out.append(item_from_row(r, arts.get((r[1], r[2]), ())))
         return out
+
+    def get_item(self, run_id: str, step: str, item: int) -> ItemRecord | None:
+        args = (run_id, step, item)
+        rows = self._rows("SELECT * FROM items WHERE run_id=? AND step=? AND item=?", args)
+        if not rows:
+            return None
+        arts = [ArtifactRecord(*r) for r in self._rows(
+            "SELECT * FROM artifacts WHERE run_id=? AND step=? AND item=? ORDER BY name", args)]
+        return item_from_row(rows[0], arts)
 
     # -- events ------------------------------------------------------------
 

@@ -5,13 +5,18 @@
     <root>/runs/<run_id>/manifest.json
     <root>/runs/<run_id>/<step>/<item>/work/        the attempt's whole writable world
     <root>/runs/<run_id>/<step>/<item>/work/out/    what it hands downstream
-    <root>/runs/<run_id>/<step>/<item>/meta/        engine-owned, never mounted
-        attempts/<n>/{stdout,stderr,status.json,provenance.json,work/}
-        completion.json
+    <root>/runs/<run_id>/<step>/<item>/meta/        engine-owned (0700), never mounted
+        <n>.out                  attempt n's stdout
+        <n>.err                  attempt n's stderr (only when it wrote any)
+        <n>/                     attempt n's other records, made only when needed:
+                                 agent transcripts, network.jsonl, a retired work/
     <root>/runs/<run_id>/.scratch/<step>/<item>/    HOME/TMPDIR for backends without a tmpfs
 
-Every attempt gets a freshly created ``work/``: the previous attempt's tree is
-moved to ``meta/attempts/<n>/work`` first, so a retry never sees it.
+An attempt's provenance and the item's completion are records in the run
+store, not files: a first attempt creates four folders and one file (the
+item, ``work/``, ``out/``, ``meta/``, ``<n>.out``). Every attempt gets a
+freshly created ``work/``: the previous attempt's tree is moved to
+``meta/<n>/work`` first, so a retry never sees it.
 
 Must not import the runner, the sandbox or the CLI.
 """
@@ -107,24 +112,29 @@ class ItemDir:
     def meta(self) -> Path:
         return self.path / "meta"
 
-    @cached_property
-    def completion(self) -> Path:
-        return self.meta / "completion.json"
+    def stdout(self, n: int) -> Path:
+        return Path(f"{self.meta}/{n}.out")
 
-    @cached_property
-    def attempts(self) -> Path:
-        return self.meta / "attempts"
+    def stderr(self, n: int) -> Path:
+        return Path(f"{self.meta}/{n}.err")
 
     def attempt_dir(self, n: int) -> Path:
-        return self.attempts / str(n)
+        """Attempt ``n``'s folder of further records (not created here)."""
+        return Path(f"{self.meta}/{n}")
+
+    def attempt_numbers(self) -> list[int]:
+        """Attempts with anything on disk, in order."""
+        try:
+            names = os.listdir(self.meta)
+        except FileNotFoundError:
+            return []
+        found = {int(stem) for stem in (n.partition(".")[0] for n in names) if stem.isdigit()}
+        return sorted(found)
 
     def last_attempt(self) -> int:
-        """The highest attempt number recorded on disk (0 if none)."""
-        try:
-            names = os.listdir(self.attempts)
-        except FileNotFoundError:
-            return 0
-        return max((int(n) for n in names if n.isdigit()), default=0)
+        """The highest attempt number on disk (0 if none)."""
+        numbers = self.attempt_numbers()
+        return numbers[-1] if numbers else 0
 
     def begin_attempt(self, n: int | None = None) -> int:
         """Start attempt ``n`` (default: the next on disk): retire the old ``work/``,
@@ -136,9 +146,8 @@ class ItemDir:
         backend to create, so backends that do not need it pay nothing.
         """
         work = str(self.work)
-        # A first attempt of a new item needs no listing of attempts/ (most items).
-        previous = 0 if n == 1 and not os.path.lexists(work) else self.last_attempt()
-        n = previous + 1 if n is None else n
+        previous = self.last_attempt() if n is None else n - 1
+        n = previous + 1
         if os.path.lexists(work):
             if previous:
                 dest = self.attempt_dir(previous) / "work"
@@ -154,10 +163,8 @@ class ItemDir:
             os.makedirs(self.path, exist_ok=True)
             # meta/ is the engine's alone (prompts, transcripts, logs): no
             # other local user, jail uids included, may list or read it.
-            for d, mode in ((self.meta, 0o700), (self.attempts, 0o755)):
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(d, mode)
-        os.mkdir(self.attempt_dir(n))
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(self.meta, 0o700)
         os.mkdir(work)
         os.mkdir(os.path.join(work, "out"))
         self._clear_scratch()

@@ -1,23 +1,20 @@
-"""The engine's records in an item's ``meta/``: one type each for writer and reader.
+"""An attempt's provenance: one type for the writer and every reader.
 
-``Provenance`` (``meta/attempts/<n>/provenance.json``) says what went into an
-attempt and what came out, with hashes; ``Completion``
-(``meta/completion.json``) is the item's last word, which ``resume`` trusts
-only when the store agrees with it. The runner writes them through these
-types and ``stockade show``/``why``, the web UI and ``apply`` read them
-through the same types, so a field cannot be renamed on one side only.
+``Provenance`` says what went into an attempt and what came out, with
+hashes, the sandbox it ran in and, for outputs taken from an earlier run,
+where from. The runner builds it and the run store keeps it as JSON with the
+attempt's record (``AttemptRecord.provenance``); ``stockade show``/``why``,
+the web UI and ``apply`` read it back through ``Provenance.from_json``, so a
+field cannot be renamed on one side only.
 
 Must not import the runner, the sandbox or the CLI.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
-
-from stockade.workspace.layout import read_json, write_record
 
 
 @dataclass(frozen=True)
@@ -85,7 +82,24 @@ class Provenance:
     reused_from: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # By hand: dataclasses.asdict deep-copies recursively and cost more than the
+        # rest of an item's bookkeeping.
+        return {
+            "run_id": self.run_id, "step": self.step, "item": self.item, "key": self.key,
+            "attempt": self.attempt, "status": self.status, "message": self.message,
+            "exit_code": self.exit_code, "command": self.command,
+            "started_at": self.started_at, "ended_at": self.ended_at,
+            "sandbox": {"backend": self.sandbox.backend, "enforced": self.sandbox.enforced,
+                        "isolate": self.sandbox.isolate},
+            "inputs": [{"name": i.name, "sha256": i.sha256, "size": i.size,
+                        "source": dict(i.source)} for i in self.inputs],
+            "outputs": [{"name": o.name, "sha256": o.sha256, "size": o.size,
+                         "run_id": o.run_id, "step": o.step, "item": o.item, "key": o.key,
+                         "attempt": o.attempt, "sandbox": o.sandbox, "enforced": o.enforced,
+                         "reused_from": None if o.reused_from is None else dict(o.reused_from)}
+                        for o in self.outputs],
+            "reused_from": None if self.reused_from is None else dict(self.reused_from),
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Provenance:
@@ -117,57 +131,3 @@ def _output(o: Mapping[str, Any], parent: Mapping[str, Any]) -> OutputRecord:
         key=str(o.get("key", parent.get("key", parent["item"]))),
         reused_from=o.get("reused_from"),
     )
-
-
-def write_provenance(path: Path, record: Provenance) -> None:
-    write_record(path, record.to_json())
-
-
-def read_provenance(path: Path) -> Provenance:
-    """Raises OSError, ValueError or KeyError when the record is missing or torn."""
-    return Provenance.from_json(read_json(path))
-
-
-@dataclass(frozen=True)
-class FileHash:
-    name: str
-    sha256: str
-    size: int
-
-
-@dataclass(frozen=True)
-class Completion:
-    """An item's last attempt as the worker saw it end."""
-
-    run_id: str
-    step: str
-    item: int
-    status: str
-    attempt: int
-    key: str = ""
-    outputs: tuple[FileHash, ...] = field(default=())
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Completion:
-        return cls(
-            run_id=str(d["run_id"]), step=str(d["step"]), item=int(d["item"]),
-            status=str(d["status"]), attempt=int(d["attempt"]), key=str(d.get("key", "")),
-            outputs=tuple(FileHash(str(o["name"]), str(o["sha256"]), int(o["size"]))
-                          for o in d.get("outputs", ())),
-        )
-
-
-def write_completion(path: Path, record: Completion) -> None:
-    write_record(path, record.to_json())
-
-
-def read_completion(path: Path) -> Completion:
-    """Raises OSError, ValueError or KeyError when the record is missing or torn."""
-    return Completion.from_json(read_json(path))
-
-
-def hashes(outputs: Sequence[Any]) -> tuple[FileHash, ...]:
-    return tuple(FileHash(o.name, o.sha256, o.size) for o in outputs)

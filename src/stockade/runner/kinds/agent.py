@@ -56,6 +56,8 @@ class AgentKind:
                                 functions=run.functions))
         config = step.agent.model_copy(update={"prompt": prompt})
         dirs = attempt.dirs
+        # Transcripts and write records: the agent's own folder of the attempt.
+        attempt.meta.mkdir(mode=0o700, exist_ok=True)
         job = AgentJob(
             run_id=run.run_id, step=step.id, item=attempt.item.index, attempt=attempt.number,
             config=config, work_dir=dirs.work, meta_dir=attempt.meta, timeout=step.timeout,

@@ -18,17 +18,16 @@ import fnmatch
 import os
 import shutil
 import signal
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from stockade.errors import InfraError
 from stockade.expr import compile_template, render_value
 from stockade.runner.attempt import ITEM_ERRORS, Attempt, Outcome, error_message, refused
 from stockade.runner.env import Masker, build_env
-from stockade.runner.records import write_provenance
+from stockade.runner.records import attach
 from stockade.runner.status import AttemptStatus
 from stockade.sandbox.base import Backend
 from stockade.sandbox.policy import ExtraMount, NetworkMode, Policy, Resources
@@ -168,29 +167,7 @@ def in_jail(attempt: Attempt, body: Callable[[list[Materialised]], Outcome]) -> 
         attempt.dirs.end_attempt()
     outcome.started_at = outcome.started_at or started
     outcome.ended_at = attempt.clock()
-    write_provenance(attempt, outcome, inputs)
-    return outcome
-
-
-class _Pump(threading.Thread):
-    """Copies a pipe to a file, masking secrets across chunk boundaries."""
-
-    def __init__(self, fd: int, sink: IO[bytes], masker: Masker) -> None:
-        super().__init__(daemon=True)
-        self.fd, self.sink, self.masker = fd, sink, masker
-        self.keep = max(len(v.encode()) for v in masker.values) - 1
-
-    def run(self) -> None:
-        pending = b""
-        with os.fdopen(self.fd, "rb", buffering=0) as src:
-            while chunk := src.read(65536):
-                pending = self.masker.data(pending + chunk)
-                if len(pending) > self.keep:
-                    cut = len(pending) - self.keep
-                    self.sink.write(pending[:cut])
-                    pending = pending[cut:]
-        self.sink.write(self.masker.data(pending))
-        self.sink.flush()
+    return attach(attempt, outcome, inputs)
 
 
 def run_jail(
@@ -200,12 +177,15 @@ def run_jail(
     masker: Masker,
     mounts: tuple[ExtraMount, ...] = (),
 ) -> tuple[int | None, bool]:
-    """Start the jail, stream its output to ``meta/``, enforce the timeout.
+    """Start the jail, capture its output in ``meta/``, enforce the timeout.
 
-    Returns ``(exit status, timed out)``; the status is None when the run was
-    cancelled before the jail started.
+    stdout goes straight to ``meta/<n>.out`` (through the capture hub when
+    secrets must be masked); stderr always through the hub, which creates
+    ``meta/<n>.err`` only if the attempt writes any. Returns ``(exit status,
+    timed out)``; the status is None when the run was cancelled before the
+    jail started.
     """
-    step, meta = attempt.step, attempt.meta
+    step = attempt.step
     if mounts:
         policy = replace(policy, mounts=policy.mounts + mounts)
     proxy = None
@@ -216,37 +196,35 @@ def run_jail(
 
         assert isinstance(step.network, list)
         policy.scratch_dir.mkdir(parents=True, exist_ok=True)
-        proxy = EgressProxy(step.network, meta / "network.jsonl", policy.scratch_dir,
-                            mask=attempt.run.masker.text)
+        proxy = EgressProxy(step.network, attempt.dirs.meta / f"{attempt.number}.network.jsonl",
+                            policy.scratch_dir, mask=attempt.run.masker.text)
         proxy.start()
         policy = replace(policy, proxy_socket=proxy.socket_path, proxy_token=proxy.token)
         # The step may print its proxy URL (curl -v shows the Basic form).
         masker = Masker([*masker.values, *credential_headers(proxy.token)])
-    jails = attempt.run.jails
+    hub, jails = attempt.run.captures, attempt.run.jails
     key = (step.id, attempt.item.index)
+    captures = []
     try:
-        with open(meta / "stdout", "wb") as out, open(meta / "stderr", "wb") as err:
-            pumps: list[_Pump] = []
-            fds: list[int] = []
-            stdout: IO[bytes] | int = out
-            stderr: IO[bytes] | int = err
-            if masker:
-                for sink in (out, err):
-                    r, w = os.pipe()
-                    pumps.append(_Pump(r, sink, masker))
-                    fds.append(w)
-                stdout, stderr = fds
+        if masker:
+            out_fd, cap = hub.open(attempt.stdout, masker)
+            captures.append(cap)
+        else:
+            out_fd = os.open(attempt.stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                             | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            err_fd, cap = hub.open(attempt.stderr, masker)
+            captures.append(cap)
             try:
-                jail = jails.launch(key, lambda: backend.start(policy, stdout=stdout, stderr=stderr))
+                jail = jails.launch(key, lambda: backend.start(policy, stdout=out_fd,
+                                                               stderr=err_fd))
             finally:
-                for fd in fds:
-                    os.close(fd)
-            for p in pumps:
-                p.start()
-            if jail is None:
-                for p in pumps:
-                    p.join(30)
-                return None, False
+                os.close(err_fd)
+        finally:
+            os.close(out_fd)
+        if jail is None:
+            code, timed_out = None, False
+        else:
             try:
                 code = jail.wait(step.timeout)
                 timed_out = code is None
@@ -255,25 +233,28 @@ def run_jail(
                     code = jail.wait(10)
             finally:
                 jails.finished(key)
-            for p in pumps:
-                p.join(30)
-            return code, timed_out
+        for cap in captures:
+            cap.wait(30)
+        return code, timed_out
     finally:
         if proxy is not None:
             proxy.close()
 
 
-def read_result(meta: Path) -> str:
-    with open(meta / "stdout", "rb") as f:
-        data = f.read(MAX_RESULT + 1)
+def read_result(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_RESULT + 1)
+    except FileNotFoundError:
+        return ""  # a masked capture is created on its first byte
     text = data[:MAX_RESULT].decode("utf-8", errors="replace")
     return text[:-1] if text.endswith("\n") else text
 
 
-def stderr_tail(meta: Path, lines: int = TAIL_LINES) -> str:
-    """The last lines of the attempt's stderr capture (already masked)."""
+def stderr_tail(path: Path, lines: int = TAIL_LINES) -> str:
+    """The last lines of an attempt's stderr capture (already masked)."""
     try:
-        with open(meta / "stderr", "rb") as f:
+        with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - TAIL_BYTES))
             data = f.read()
@@ -350,15 +331,15 @@ def remove_secret_names(out: Path, names: list[str], masker: Masker) -> int:
 
 def finish(attempt: Attempt, started: float, code: int | None, timed_out: bool) -> Outcome:
     """The outcome of a finished process: outputs collected, or why it failed."""
-    n, step, meta = attempt.number, attempt.step, attempt.meta
+    n, step = attempt.number, attempt.step
     if attempt.run.cancelled and (code is None or code != 0):
         return Outcome(AttemptStatus.INTERRUPTED, n, message="interrupted", exit_code=code,
                        started_at=started, retryable=False)
     if timed_out:
         return Outcome(AttemptStatus.FAILED, n, message=f"timed out after {step.timeout:g}s",
-                       exit_code=code, started_at=started, stderr_tail=stderr_tail(meta))
+                       exit_code=code, started_at=started, stderr_tail=stderr_tail(attempt.stderr))
     if code != 0:
-        tail = stderr_tail(meta)
+        tail = stderr_tail(attempt.stderr)
         assert code is not None
         sig = _signal_of(code)
         how = limit_message(step, code, tail)
@@ -387,7 +368,7 @@ def finish(attempt: Attempt, started: float, code: int | None, timed_out: bool) 
                        message=f"{len(unsafe)} output name(s) contain a secret value; refused "
                                f"and removed {removed} entr{'y' if removed == 1 else 'ies'} "
                                "from out/")
-    return Outcome(AttemptStatus.SUCCEEDED, n, result=read_result(meta), outputs=outputs,
+    return Outcome(AttemptStatus.SUCCEEDED, n, result=read_result(attempt.stdout), outputs=outputs,
                    exit_code=0, started_at=started)
 
 

@@ -15,9 +15,9 @@ from stockade.errors import InfraError
 from stockade.expr import compile_template, render, render_value
 from stockade.publish import PublishRequest, publish
 from stockade.runner.attempt import ITEM_ERRORS, Attempt, Outcome, error_message, refused
+from stockade.runner.records import attach
 from stockade.runner.status import AttemptStatus
 from stockade.workspace.artifacts import payload_value
-from stockade.workspace.layout import write_json
 
 
 def artifact_refs(value: Any) -> list[dict[str, Any]]:
@@ -51,7 +51,6 @@ class Publish:
         cfg = step.publish
         assert cfg is not None
         n = attempt.number
-        attempt.dirs.begin_attempt(n)
         started = attempt.clock()
         ctx, fns = attempt.context, run.functions
         try:
@@ -77,8 +76,6 @@ class Publish:
             out = refused(n, started, f"{attempt.locate('publish', 'lease')}: {exc}")
             out.ended_at = attempt.clock()
             return out
-        finally:
-            attempt.dirs.end_attempt()
         settings = run.publish
         req = PublishRequest(
             run_id=run.run_id, step=step.id, item=attempt.item.index, attempt=n, to=to,
@@ -95,14 +92,15 @@ class Publish:
         # publish() already records each warning as a structured event.
         for warning in res.warnings:
             run.echo(f"warning: {attempt.item}: {warning}")
-        write_json(attempt.meta / "publish.json", run.masker.value({
+        publish_record = {
             "to": to, "key": key, "lease": lease, "status": res.status, "token": res.token,
             "winner_token": res.winner_token, "already_applied": res.already_applied,
             "message": res.message, "warnings": list(res.warnings),
             "idempotency_key": req.idempotency_key, "payload_artifacts": artifact_refs(payload),
-        }))
-        return Outcome(
+        }
+        outcome = Outcome(
             AttemptStatus(res.status), n, result={"key": key, "token": res.token},
             message=run.masker.text(res.message), started_at=started, ended_at=attempt.clock(),
             retryable=res.status == "failed" and res.retryable,
         )
+        return attach(attempt, outcome, [], {"publish": publish_record})
