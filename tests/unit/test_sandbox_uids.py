@@ -62,18 +62,30 @@ FIRST, LAST = 65520, 65523
 
 
 @needs_root
+def test_pool_reuses_an_idle_uid_rather_than_fail(tmp_path: Path) -> None:
+    pool = UidPool(FIRST, FIRST, str(tmp_path / "leases"))
+    a = pool.acquire()
+    a.release()
+    assert pool.acquire().uid == a.uid  # the range is full: the spare is used
+
+
+@needs_root
 def test_pool_leases_distinct_uids_and_reuses_released_ones(tmp_path: Path) -> None:
     pool = UidPool(FIRST, LAST, str(tmp_path / "leases"))
     a, b = pool.acquire(), pool.acquire()
     assert a.uid != b.uid and a.uid == a.gid and FIRST <= a.uid <= LAST
     a.release()
     a.release()  # twice is once
+    b.release()
+    # Two idle: the one idle longest, with no new lease file and no /proc scan.
     c = pool.acquire()
-    assert c.uid == a.uid  # the free list first: no new lease file, no /proc scan
-    for lease in (b, c):
+    assert c.uid == a.uid
+    d = pool.acquire()  # one idle only: a new lease keeps a spare
+    assert d.uid not in (a.uid, b.uid)
+    for lease in (c, d):
         lease.release()
     held = sorted(os.listdir(tmp_path / "leases"))
-    assert held == sorted({str(a.uid), str(b.uid)})
+    assert held == sorted({str(a.uid), str(b.uid), str(d.uid)})
     # While leased, another engine cannot take the lock; after release_idle it can.
     fd = os.open(tmp_path / "leases" / str(a.uid), os.O_RDWR)
     try:

@@ -15,8 +15,10 @@ As systemd's ``DynamicUser`` does, every running item gets a uid of its own
   uid is taken only if no account or group has it (NSS) and no process runs
   with it (``/proc``, checked once the lock is held).
 * When an item's jail is gone its uid goes back to the engine's free list,
-  so the next item needs neither a lock file nor a ``/proc`` scan;
-  ``release_idle`` (at backend close) gives idle uids back to the machine.
+  so a later item needs neither a lock file nor a ``/proc`` scan (an engine
+  holds one uid more than it ever ran items at once, and reuses the one
+  idle longest); ``release_idle`` (at backend close) gives idle uids back
+  to the machine.
 
 Ownership moves with the jail: ``hand_to`` gives the item's ``work/`` and
 scratch to the jail uid before it starts; ``take_back`` gives everything the
@@ -133,8 +135,20 @@ class UidPool:
         self._unnamed: set[int] = set()
 
     def acquire(self) -> Lease:
+        """A uid no running jail of ours has. Idle uids are reused oldest
+        first, and only when another one is idle too: the processes a
+        jail's end killed have a whole item's time to be reaped (until
+        then they count against the uid's RLIMIT_NPROC)."""
         with self._lock:
-            uid = self._free.pop() if self._free else self._lease_new()
+            if len(self._free) >= 2:
+                uid = self._free.pop(0)
+            else:
+                try:
+                    uid = self._lease_new()
+                except InfraError:
+                    if not self._free:
+                        raise
+                    uid = self._free.pop(0)
         return Lease(uid, uid, self)
 
     def give_back(self, uid: int) -> None:
