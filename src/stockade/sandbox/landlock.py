@@ -294,50 +294,58 @@ class LandlockBackend(Backend):
         # host account's): its work/ and scratch are handed to it now and
         # back once it is gone.
         lease = self._ids.acquire()
-        owned = (policy.work_dir, policy.scratch_dir)
-        on_exit: list[Any] = []
-        try:
-            bridge = None
-            if lease is not None:
-                for p in owned:
-                    _uids.hand_to(p, lease.uid, lease.gid)
-                policy, bridge = self._bridge(policy)
-            relay_port = None
-            if policy.network == "proxy":
-                if policy.proxy_socket is None:
-                    raise InfraError("network: proxy needs policy.proxy_socket")
-                relay = LoopbackRelay(policy.proxy_socket)
-                on_exit.append(relay.close)
-                relay_port = relay.port
-            request = landlock_request(
-                policy,
-                abi=self.abi,
-                layout=self._layout,
-                uid=None if lease is None else lease.uid,
-                gid=None if lease is None else lease.gid,
-                relay_port=relay_port,
-                unix_sockets=any(_is_socket(m.source) for m in policy.mounts),
-                launcher=self.launcher,
-                bridge=bridge,
-                path=self.jail_path(policy, None if lease is None else lease.uid),
-            )
-            job = self._helpers.spawn(request, (fileno(stdout), fileno(stderr)))
-        except BaseException:
-            for hook in on_exit:
-                hook()
-            if lease is not None:
-                try:
-                    _uids.give_back(owned, lease)
-                finally:
-                    lease.release()
-            raise
-        running = HelperRunning(job, on_exit)
         if lease is None:
-            return running
+            return self._start(policy, stdout, stderr, None, None)
+        owned = (policy.work_dir, policy.scratch_dir)
+        try:
+            for p in owned:
+                _uids.hand_to(p, lease.uid, lease.gid)
+            policy, bridge = self._bridge(policy)
+            running = self._start(policy, stdout, stderr, lease, bridge)
+        except BaseException:
+            try:
+                _uids.give_back(owned, lease)
+            finally:
+                lease.release()
+            raise
         # The helper kills the jail's process group (which it cannot leave)
         # when its first process ends; only a helper that died leaves
         # processes behind.
         return _uids.LeasedRunning(running, lease, owned, sweep=lambda: bool(running.error))
+
+    def _start(
+        self, policy: Policy, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
+        lease: _uids.Lease | None, bridge: _reach.BridgePlan | None,
+    ) -> HelperRunning:  # fmt: skip
+        assert self._layout is not None
+        uid = None if lease is None else lease.uid
+        on_exit: list[Any] = []
+        relay_port = None
+        if policy.network == "proxy":
+            if policy.proxy_socket is None:
+                raise InfraError("network: proxy needs policy.proxy_socket")
+            relay = LoopbackRelay(policy.proxy_socket)
+            on_exit.append(relay.close)
+            relay_port = relay.port
+        request = landlock_request(
+            policy,
+            abi=self.abi,
+            layout=self._layout,
+            uid=uid,
+            gid=None if lease is None else lease.gid,
+            relay_port=relay_port,
+            unix_sockets=any(_is_socket(m.source) for m in policy.mounts),
+            launcher=self.launcher,
+            bridge=bridge,
+            path=self.jail_path(policy, uid),
+        )
+        try:
+            job = self._helpers.spawn(request, (fileno(stdout), fileno(stderr)))
+        except BaseException:
+            for hook in on_exit:
+                hook()
+            raise
+        return HelperRunning(job, on_exit)
 
     def _bridge(self, policy: Policy) -> tuple[Policy, _reach.BridgePlan | None]:
         """Bridges for the folders above work/, scratch and mounts that the
