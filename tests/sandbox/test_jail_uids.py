@@ -76,10 +76,15 @@ def hold(w: World, name: str, env: dict[str, str] | None = None) -> Held:
     return held
 
 
-@pytest.fixture
-def fresh(backend: Backend) -> Iterator[World]:
-    """A world whose jails lease their uids as in a real run (nothing pinned)."""
-    base = Path(tempfile.mkdtemp(prefix="stockade-uids-"))
+@pytest.fixture(params=("open", "private"))
+def fresh(request: pytest.FixtureRequest, backend: Backend, tmp_path: Path) -> Iterator[World]:
+    """A world whose jails lease their uids as in a real run (nothing pinned),
+    in a world-readable folder or below a 0700 one (pytest's tmp_path)."""
+    if request.param == "private":
+        base = tmp_path / "run"
+        base.mkdir()
+    else:
+        base = Path(tempfile.mkdtemp(prefix="stockade-uids-"))
     w = make_world(backend, base)
     try:
         yield w
