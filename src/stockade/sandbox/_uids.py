@@ -172,6 +172,8 @@ class UidPool:
             uid = self.first + (start + i) % size
             if uid in self._held or not self._has_no_name(uid):
                 continue
+            # Lock files are never removed: unlinking one that another engine
+            # has just opened would let a third lock a new file by that name.
             fd = os.open(
                 os.path.join(self._dir, str(uid)),
                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
