@@ -2,7 +2,9 @@
 
 Every file outside the item's world holds the canary and is world-readable,
 every directory outside it is world-writable: nothing but the sandbox may be
-what stops an attempt (the jail may run as ``nobody`` when tests run as root).
+what stops an attempt. When tests run as root, a ``world``'s jails run as a
+jail uid leased for the test (``World.jail_uid``), so a host process the test
+starts with that uid is protected by the sandbox alone, not by a uid apart.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from stockade.sandbox import (
     Policy,
     Resources,
     _direct,
+    _uids,
     get_backend,
 )
 from stockade.sandbox.bwrap import BwrapBackend
@@ -39,7 +42,7 @@ ENFORCED = ("bwrap", "landlock")
 # not collected rather than skipped (CI turns skips into failures).
 collect_ignore = ["test_non_root_engine.py"] if os.geteuid() != 0 else []
 if os.geteuid() != 0:
-    collect_ignore.append("test_root_engine.py")
+    collect_ignore += ["test_root_engine.py", "test_jail_uids.py"]
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TERM": "dumb", "SHELL": "/bin/sh"}
 
 
@@ -68,6 +71,8 @@ class World:
     host_tmp: Path
     home_file: Path
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: The uid the jails run as (a root engine's; ``None`` otherwise).
+    jail_uid: int | None = None
 
     def policy(
         self,
@@ -209,14 +214,27 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     return available_backend(request, request.param)
 
 
+def jail_ids(backend: Backend) -> _uids.JailIds:
+    """The identity chooser of an enforced backend (``pinned`` is test-only)."""
+    ids = getattr(backend, "_ids", None)
+    assert isinstance(ids, _uids.JailIds), backend
+    return ids
+
+
 @pytest.fixture
 def world(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     base = Path(tempfile.mkdtemp(prefix="stockade-escape-"))
     w = make_world(backend, base)
     monkeypatch.setenv("HOME", str(w.home_file.parent))
+    lease = _uids.jail_uids().acquire() if os.geteuid() == 0 else None
+    if lease is not None:
+        monkeypatch.setattr(jail_ids(backend), "pinned", (lease.uid, lease.gid))
+        w.jail_uid = lease.uid
     try:
         yield w
     finally:
+        if lease is not None:
+            lease.release()
         for p in (w.host_tmp, w.home_file):
             p.unlink(missing_ok=True)
         shutil.rmtree(base, ignore_errors=True)

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,11 +69,20 @@ def no_canary(w: World, text: str, *, names: bool = False) -> None:
         assert w.home_file.name not in text
 
 
+def as_jail(w: World) -> dict[str, Any]:
+    """``Popen`` arguments for a host process with the jail's uid and gid
+    (ptrace and /proc access compare both)."""
+    if w.jail_uid is None:
+        return {"user": 65534, "group": 65534, "extra_groups": []} if os.geteuid() == 0 else {}
+    return {"user": w.jail_uid, "group": w.jail_uid, "extra_groups": []}
+
+
 @pytest.fixture(autouse=True)
 def _canary_env(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[None]:
     """The engine's environment holds a secret, and so does a host process
     started with it (``/proc/PID/environ`` shows the environment a process
-    started with; it runs as the jail's uid so only the sandbox protects it)."""
+    started with; it runs as the jail's uid, ``World.jail_uid``, so only the
+    sandbox protects it)."""
     w = request.getfixturevalue("world") if "world" in request.fixturenames else None
     if w is None and "none_world" in request.fixturenames:
         w = request.getfixturevalue("none_world")
@@ -81,9 +91,7 @@ def _canary_env(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest)
         return
     monkeypatch.setenv("STOCKADE_TEST_SECRET", w.canary)
     victim = subprocess.Popen(
-        ["sleep", "60"],
-        env={"STOCKADE_TEST_SECRET": w.canary},
-        user=65534 if os.geteuid() == 0 else None,
+        ["sleep", "60"], env={"STOCKADE_TEST_SECRET": w.canary}, **as_jail(w)
     )
     yield
     victim.kill()
@@ -343,7 +351,7 @@ def test_tiocsti_on_a_real_pty_fails(world: World) -> None:
 
 
 def test_ptrace_and_process_vm_fail(world: World) -> None:
-    victim = subprocess.Popen(["sleep", "30"], user=65534 if os.geteuid() == 0 else None)
+    victim = subprocess.Popen(["sleep", "30"], **as_jail(world))
     try:
         r = world.py(
             "import ctypes, os, subprocess, sys\n"
@@ -371,7 +379,7 @@ def test_ptrace_and_process_vm_fail(world: World) -> None:
 
 
 def test_signal_to_host_process_fails(world: World) -> None:
-    victim = subprocess.Popen(["sleep", "30"], user=65534 if os.geteuid() == 0 else None)
+    victim = subprocess.Popen(["sleep", "30"], **as_jail(world))
     try:
         world.run(f"kill -9 {victim.pid}; kill -STOP {victim.pid}")
         time.sleep(0.1)

@@ -156,7 +156,7 @@ def test_c_launcher_refuses_embedded_nul() -> None:
 
     for argv, env in (([b"/bin/true", b"a\x00b"], []), ([b"/bin/true"], [b"A=1\x00B=2"])):
         with pytest.raises(ValueError, match="embedded null byte"):
-            _jail.spawn(b"/bin/true", argv, env, b"/", [0, 1, 2], -1, b"", -1, -1, False, [])
+            _jail.spawn(b"/bin/true", argv, env, b"/", [0, 1, 2], -1, b"", -1, -1, [])
 
 
 def _ignored_by_us() -> int:

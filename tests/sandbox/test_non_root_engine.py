@@ -2,7 +2,9 @@
 
 The rest of the suite runs as root here; this file starts a small engine as
 ``nobody`` (system Python, the sandbox package is stdlib-only) and checks
-that both backends still prove enforcement and contain a fork bomb.
+that both backends still prove enforcement and contain a fork bomb. The
+engine imports a world-readable copy of the package: the checkout may sit
+in a folder only root can enter (a private clone, ``/root/...``).
 """
 
 from __future__ import annotations
@@ -51,15 +53,23 @@ def test_backends_work_for_an_unprivileged_engine() -> None:
         pytest.skip("needs /usr/bin/python3 and setpriv to start an engine as nobody")
     scratch = Path(tempfile.mkdtemp(prefix="stockade-nonroot-"))
     scratch.chmod(0o777)
+    src = Path(tempfile.mkdtemp(prefix="stockade-nonroot-src-"))
     try:
+        shutil.copytree(SRC / "stockade", src / "stockade",
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+        for folder, _dirs, files in os.walk(src):
+            os.chmod(folder, 0o755)
+            for f in files:
+                os.chmod(os.path.join(folder, f), 0o755 if f.endswith(".so") else 0o644)
         p = subprocess.run(
             ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-             "/usr/bin/python3", "-I", "-c", SCRIPT, str(SRC), str(scratch)],
+             "/usr/bin/python3", "-I", "-c", SCRIPT, str(src), str(scratch)],
             env={"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch)},
             cwd=scratch, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(src, ignore_errors=True)
     assert p.returncode == 0, p.stderr
     result = json.loads(p.stdout.splitlines()[-1])
     for name in ("bwrap", "landlock"):

@@ -8,6 +8,7 @@ import pytest
 
 from stockade.errors import InfraError
 from stockade.sandbox import ExtraMount, Policy, Resources, seccomp
+from stockade.sandbox._reach import BridgePlan
 from stockade.sandbox.bwrap import HostLayout, bwrap_argv, jail_env, rlimit_prefix
 from stockade.sandbox.landlock import landlock_request
 from stockade.sandbox.macos import sbpl_profile, sbpl_quote, ulimit_prefix
@@ -161,8 +162,10 @@ def test_landlock_request() -> None:
         policy(mounts=(ExtraMount(Path("/opt/py"), "/opt/py"),), resources=Resources(processes=9)),
         abi=6,
         layout=LAYOUT,
-        uid=65534,
-        gid=65534,
+        uid=60800,
+        gid=60800,
+        bridge=BridgePlan(("/runs",), ("/runs/r1",), (), ("/runs/r1",)),
+        path="/usr/bin",
     )
     assert req["argv"] == ["/bin/sh", "-c", "echo hi"]
     assert req["cwd"] == str(WORK)
@@ -175,7 +178,13 @@ def test_landlock_request() -> None:
     assert "/etc/shadow" not in req["read_only"]
     assert req["handle_net"] is True and req["connect_ports"] == []
     assert req["rlimits"] == {"as": None, "cpu": None, "nproc": 9, "fsize": None}
-    assert (req["uid"], req["gid"]) == (65534, 65534)
+    assert (req["uid"], req["gid"]) == (60800, 60800)
+    assert req["bridge"] == {
+        "tmpfs": ["/runs"], "dirs": ["/runs/r1"], "files": [], "binds": ["/runs/r1"],
+    }  # fmt: skip
+    assert req["env"]["PATH"] == "/usr/bin"
+    unfiltered = landlock_request(policy(), abi=6, layout=LAYOUT)
+    assert unfiltered["env"]["PATH"] == "/usr/bin:/bin" and unfiltered["bridge"] is None
 
 
 @pytest.mark.parametrize(

@@ -177,7 +177,7 @@ class LauncherThread:
         while (req := requests.get()) is not None:
             try:
                 pid = _jail.spawn(
-                    req.exe, req.argv, req.env, b"/", req.fds, -1, b"", req.uid, req.gid, False, []
+                    req.exe, req.argv, req.env, b"/", req.fds, -1, b"", req.uid, req.gid, []
                 )
             except Exception as e:
                 # The caller waits for an answer, whatever fails. OSError: no

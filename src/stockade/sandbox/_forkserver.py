@@ -9,13 +9,17 @@ stdout/stderr and any extra fds passed by ``SCM_RIGHTS``).
   opens (system paths cached across items). With ``launcher: native`` the C
   extension ``_jail`` vforks and does the rest in the child; otherwise the
   helper forks and the Python child does it: start a session, set rlimits,
-  drop to the jail uid (or, for root-only paths, keep euid 0 with no
-  capabilities and real uid nobody), set the parent-death signal (after the
-  uid change, which clears it), enforce Landlock, install seccomp, ``execve``.
-* ``mode: plain`` (bwrap confines itself): ``posix_spawn`` of bwrap, through
-  ``setpriv`` only when a uid must change; sources below root-only
-  directories are bind-mounted onto bridge points in a private mount
-  namespace by a forked child first.
+  make the bridge mounts (``_reach``: a private mount namespace where
+  root-only folders above the jail's paths are passable), drop to the jail
+  uid, set the parent-death signal (after the uid change, which clears it),
+  enforce Landlock, install seccomp, ``execve``.
+* ``mode: plain`` (bwrap confines itself): ``posix_spawn`` of bwrap, or,
+  when a uid must change, the C launcher (``setpriv`` or a forked child
+  without it); sources below root-only directories are bind-mounted onto
+  bridge points in a private mount namespace by a forked child first.
+
+Helpers always run as the engine's user: a helper holds every item's
+environment in its memory, so it never runs as a jail's uid.
 
 Replies: ``exited`` (status) after reaping, ``failed`` (why), and ``started``
 (pid) only when asked. Kills arrive by job id and are applied only to an
@@ -34,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import gc
 import json
 import os
@@ -46,7 +51,6 @@ from typing import Any
 
 from stockade.sandbox import _landlock, seccomp
 
-JAIL_UID = 65534
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 MAX_MSG = 1 << 20
@@ -103,6 +107,46 @@ def _bridge(libc: ctypes.CDLL, bridges: list[list[str]]) -> None:
             raise OSError(ctypes.get_errno(), f"bind {source}")
 
 
+def _bridge_mounts(libc: ctypes.CDLL, plan: dict[str, list[str]]) -> None:
+    """Carry out a ``_reach.BridgePlan`` (what ``bridge()`` in ``_jail.c`` does)."""
+    CLONE_NEWNS, MS_REC, MS_PRIVATE = 0x20000, 0x4000, 0x40000
+    MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
+    SYS_OPEN_TREE, SYS_MOVE_MOUNT, AT_FDCWD = 428, 429, -100
+    OPEN_TREE_CLONE, AT_RECURSIVE, MOVE_MOUNT_F_EMPTY_PATH = 1, 0x8000, 0x4
+    if libc.unshare(CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount(MS_PRIVATE)")
+    trees = []
+    for path in plan["binds"]:
+        flags = OPEN_TREE_CLONE | os.O_CLOEXEC | AT_RECURSIVE
+        fd = libc.syscall(
+            ctypes.c_long(SYS_OPEN_TREE), ctypes.c_long(AT_FDCWD), os.fsencode(path),
+            ctypes.c_long(flags),
+        )  # fmt: skip
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), f"open_tree {path}")
+        trees.append(fd)
+    for top in plan["tmpfs"]:
+        flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+        if libc.mount(b"tmpfs", os.fsencode(top), b"tmpfs", flags, b"mode=0755") != 0:
+            raise OSError(ctypes.get_errno(), f"tmpfs on {top}")
+    for d in plan["dirs"]:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(d, 0o755)
+        os.chmod(d, 0o755)
+    for f in plan["files"]:
+        os.close(os.open(f, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    for path, fd in zip(plan["binds"], trees, strict=True):
+        rc = libc.syscall(
+            ctypes.c_long(SYS_MOVE_MOUNT), ctypes.c_long(fd), b"", ctypes.c_long(AT_FDCWD),
+            os.fsencode(path), ctypes.c_long(MOVE_MOUNT_F_EMPTY_PATH),
+        )  # fmt: skip
+        if rc != 0:
+            raise OSError(ctypes.get_errno(), f"move_mount {path}")
+        os.close(fd)
+
+
 def _rlimits(req: dict[str, Any]) -> list[tuple[int, int]]:
     """The (resource, limit) pairs the jail gets: never a core dump, plus the step's limits."""
     limits = req["rlimits"]
@@ -118,7 +162,7 @@ def _rlimits(req: dict[str, Any]) -> list[tuple[int, int]]:
         # RLIMIT_NPROC counts every process of the uid on the host here
         # (no user namespace): allow what exists now plus the step's share.
         uid = req["uid"]
-        counted = uid if uid is not None else JAIL_UID if os.geteuid() == 0 else os.getuid()
+        counted = uid if uid is not None else os.getuid()
         out.append((resource.RLIMIT_NPROC, _count_processes(counted) + limits["nproc"]))
     return out
 
@@ -164,6 +208,9 @@ def _child(
         uid = req["uid"]
         for which, value in _rlimits(req):
             resource.setrlimit(which, (value, value))
+        if req.get("bridge"):
+            stage = "bridge mounts"
+            _bridge_mounts(libc, req["bridge"])
         stage = "chdir"
         os.chdir(req["cwd"])
         if req.get("bridges"):
@@ -174,13 +221,6 @@ def _child(
             os.setgroups([])
             os.setgid(req["gid"])
             os.setuid(uid)
-        elif os.geteuid() == 0 and req["mode"] == "landlock":
-            # Keep euid 0 for file access (paths only root can reach) but
-            # count processes against nobody: host root is exempt from
-            # RLIMIT_NPROC. seccomp refuses setting the real uid back.
-            stage = "drop capabilities"
-            os.setresuid(JAIL_UID, 0, 0)
-            drop_capabilities(libc)
         # After the uid change: changing credentials clears the death signal.
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:
@@ -198,35 +238,6 @@ def _child(
         with contextlib.suppress(OSError):
             os.write(2, msg[:4000])
     os._exit(127)
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = (
-        ("effective", ctypes.c_uint32),
-        ("permitted", ctypes.c_uint32),
-        ("inheritable", ctypes.c_uint32),
-    )
-
-
-def drop_capabilities(libc: ctypes.CDLL) -> None:
-    """Stay uid 0 but with no capability, now or after any execve."""
-    PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_CAP_AMBIENT = 24, 28, 47
-    for cap in range(64):
-        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            break  # past the last capability this kernel knows
-    libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
-    # NOROOT, NO_SETUID_FIXUP, KEEP_CAPS_LOCKED, NO_CAP_AMBIENT_RAISE, each locked.
-    bits = 0b11111111 & ~0b00010000
-    if libc.prctl(PR_SET_SECUREBITS, bits, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECUREBITS)")
-    header = _CapHeader(0x20080522, 0)
-    data = (_CapData * 2)()
-    if libc.capset(ctypes.byref(header), data) != 0:
-        raise OSError(ctypes.get_errno(), "capset")
 
 
 def _is_regular(fd: int) -> bool:
@@ -270,7 +281,11 @@ class Server:
             self.send({"type": "failed", "id": req["id"], "error": "stdout/stderr missing"})
             return
         if req["mode"] == "plain":  # bwrap: it confines itself
-            if (req["uid"] is None or req.get("setpriv")) and not req.get("bridges"):
+            if req.get("bridges"):
+                self._fork(req, fds, -1, None)
+            elif req["uid"] is not None and _native():
+                self._vfork(req, fds, -1)
+            elif req["uid"] is None or req.get("setpriv"):
                 self._posix_spawn(req, fds)
             else:
                 self._fork(req, fds, -1, None)
@@ -302,19 +317,26 @@ class Server:
         from stockade.sandbox import _jail
 
         env = [os.fsencode(f"{k}={v}") for k, v in req["env"].items()]
+        plan = req.get("bridge")
+        bridge = None
+        if plan:
+            tmpfs, dirs, files, binds = (
+                [os.fsencode(p) for p in plan[k]] for k in ("tmpfs", "dirs", "files", "binds")
+            )
+            bridge = (tmpfs, dirs, files, binds)
         try:
             pid = _jail.spawn(
                 os.fsencode(_resolve(req["argv"][0], req["env"])),
                 [os.fsencode(a) for a in req["argv"]],
                 env,
-                os.fsencode(req["cwd"]),
+                os.fsencode(req["cwd"] if req["mode"] == "landlock" else "/"),
                 [self.prep.devnull, *fds],
                 ruleset,
-                self.prep.program(req["seccomp"]),
+                self.prep.program(req["seccomp"]) if "seccomp" in req else b"",
                 -1 if req["uid"] is None else req["uid"],
                 -1 if req["gid"] is None else req["gid"],
-                req["uid"] is None and os.geteuid() == 0,
-                _rlimits(req),
+                _rlimits(req) if req["mode"] == "landlock" else [],
+                bridge,
             )
         except (OSError, ValueError) as e:
             self.failed(req, fds, "spawn", e if isinstance(e, OSError) else OSError(str(e)))
@@ -440,17 +462,16 @@ class Server:
                 self.reap()
 
 
-def main(fd: int, user: str | None = None) -> None:
+@functools.lru_cache(maxsize=1)
+def _native() -> bool:
+    """Whether the C launcher (``_jail``) is built."""
+    import importlib.util
+
+    return importlib.util.find_spec("stockade.sandbox._jail") is not None
+
+
+def main(fd: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
-    if user:
-        # A helper that only starts bwrap for a root engine runs as the jail
-        # uid itself, so bwrap needs no setpriv in between.
-        uid, gid = (int(x) for x in user.split(":"))
-        os.chdir("/")
-        os.setgroups([])
-        os.setgid(gid)
-        os.setuid(uid)
-    # After any uid change: changing credentials clears the death signal.
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     if os.getppid() == 1:
@@ -466,4 +487,4 @@ def main(fd: int, user: str | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)
+    main(int(sys.argv[1]))

@@ -20,14 +20,17 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #ifndef SYS_landlock_restrict_self
@@ -39,16 +42,34 @@
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
 #endif
-#ifndef PR_CAP_AMBIENT
-#define PR_CAP_AMBIENT 47
+#ifndef SYS_open_tree
+#define SYS_open_tree 428
 #endif
-#ifndef PR_CAP_AMBIENT_CLEAR_ALL
-#define PR_CAP_AMBIENT_CLEAR_ALL 4
+#ifndef SYS_move_mount
+#define SYS_move_mount 429
+#endif
+#ifndef OPEN_TREE_CLONE
+#define OPEN_TREE_CLONE 1
+#endif
+#ifndef OPEN_TREE_CLOEXEC
+#define OPEN_TREE_CLOEXEC O_CLOEXEC
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
 #endif
 
-#define JAIL_UID 65534
 #define MAX_FDS 64
 #define MAX_LIMITS 8
+#define MAX_BINDS 16
+
+/* Bridge plan (see _reach.BridgePlan): NULL-terminated path lists. */
+struct bridge {
+    char **tmpfs, **dirs, **files, **binds;
+    int nbinds;
+};
 
 struct launch {
     const char *exe;
@@ -60,7 +81,7 @@ struct launch {
     int ruleset_fd;
     struct sock_fprog prog;
     long uid, gid;
-    int keep_root;
+    struct bridge *bridge;
     int limit_res[MAX_LIMITS];
     unsigned long long limit_val[MAX_LIMITS];
     int nlimits;
@@ -90,19 +111,40 @@ static void fail(const char *stage) {
     _exit(127);
 }
 
-static int drop_capabilities(void) {
-    struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
-    struct __user_cap_data_struct data[2];
-    for (int cap = 0; cap < 64; cap++) {
-        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0)
-            break; /* past the last capability this kernel knows */
-    }
-    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
-    /* NOROOT, NO_SETUID_FIXUP, KEEP_CAPS_LOCKED, NO_CAP_AMBIENT_RAISE, each locked. */
-    if (prctl(PR_SET_SECUREBITS, 0xff & ~0x10, 0, 0, 0) != 0)
+/* In a private mount namespace: clone each bound folder while it is still
+ * visible, cover the first folder the jail cannot search with an empty tmpfs,
+ * make the chain of mount points in it, and attach the clones at their host
+ * paths. Runs as root, before the uid drops; nothing leaves this namespace. */
+static int bridge(const struct bridge *b) {
+    int trees[MAX_BINDS];
+    if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
         return -1;
-    memset(data, 0, sizeof data);
-    return (int)syscall(SYS_capset, &header, data);
+    for (int i = 0; i < b->nbinds; i++) {
+        trees[i] = (int)syscall(SYS_open_tree, AT_FDCWD, b->binds[i],
+                                OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+        if (trees[i] < 0)
+            return -1;
+    }
+    for (char **p = b->tmpfs; *p != NULL; p++) {
+        if (mount("tmpfs", *p, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755") != 0)
+            return -1;
+    }
+    for (char **p = b->dirs; *p != NULL; p++) {
+        if ((mkdir(*p, 0755) != 0 && errno != EEXIST) || chmod(*p, 0755) != 0)
+            return -1;
+    }
+    for (char **p = b->files; *p != NULL; p++) {
+        int fd = open(*p, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
+            return -1;
+        close(fd);
+    }
+    for (int i = 0; i < b->nbinds; i++) {
+        if (syscall(SYS_move_mount, trees[i], "", AT_FDCWD, b->binds[i], MOVE_MOUNT_F_EMPTY_PATH) != 0)
+            return -1;
+        close(trees[i]);
+    }
+    return 0;
 }
 
 static __attribute__((noreturn, noinline)) void child(struct launch *l) {
@@ -145,6 +187,11 @@ static __attribute__((noreturn, noinline)) void child(struct launch *l) {
         if (setrlimit(l->limit_res[i], &rl) != 0)
             fail(stage);
     }
+    if (l->bridge != NULL) {
+        stage = "bridge mounts";
+        if (bridge(l->bridge) != 0)
+            fail(stage);
+    }
     stage = "chdir";
     if (chdir(l->cwd) != 0)
         fail(stage);
@@ -152,12 +199,6 @@ static __attribute__((noreturn, noinline)) void child(struct launch *l) {
         stage = "setuid";
         if (syscall(SYS_setgroups, 0, NULL) != 0 || syscall(SYS_setgid, (gid_t)l->gid) != 0 ||
             syscall(SYS_setuid, (uid_t)l->uid) != 0)
-            fail(stage);
-    } else if (l->keep_root) {
-        /* Keep euid 0 for paths only root can reach, but count processes
-         * against nobody and hold no capability. */
-        stage = "drop capabilities";
-        if (syscall(SYS_setresuid, JAIL_UID, 0, 0) != 0 || drop_capabilities() != 0)
             fail(stage);
     }
     /* After the uid change: changing credentials clears the death signal. */
@@ -222,17 +263,26 @@ static char **cstrings(PyObject *seq, const char *what, PyObject **keep) {
     return out;
 }
 
+static void free_lists(char **lists[4], PyObject *keep[4]) {
+    for (int i = 0; i < 4; i++) {
+        PyMem_Free(lists[i]);
+        Py_XDECREF(keep[i]);
+        lists[i] = NULL;
+        keep[i] = NULL;
+    }
+}
+
 static PyObject *jail_spawn(PyObject *self, PyObject *args) {
     (void)self;
     struct launch l;
     memset(&l, 0, sizeof l);
-    PyObject *argv_obj, *env_obj, *fds_obj, *limits_obj;
+    PyObject *argv_obj, *env_obj, *fds_obj, *limits_obj, *bridge_obj = Py_None;
     const char *exe, *cwd;
     const char *prog;
     Py_ssize_t prog_len;
-    if (!PyArg_ParseTuple(args, "yOOyOiy#llpO:spawn", &exe, &argv_obj, &env_obj, &cwd, &fds_obj,
-                          &l.ruleset_fd, &prog, &prog_len, &l.uid, &l.gid, &l.keep_root,
-                          &limits_obj))
+    if (!PyArg_ParseTuple(args, "yOOyOiy#llO|O:spawn", &exe, &argv_obj, &env_obj, &cwd, &fds_obj,
+                          &l.ruleset_fd, &prog, &prog_len, &l.uid, &l.gid, &limits_obj,
+                          &bridge_obj))
         return NULL;
     if (prog_len % sizeof(struct sock_filter) != 0 || prog_len / 8 > 0xffff) {
         PyErr_SetString(PyExc_ValueError, "seccomp program: a whole number of instructions");
@@ -276,14 +326,46 @@ static PyObject *jail_spawn(PyObject *self, PyObject *args) {
     }
     Py_DECREF(fast);
 
+    struct bridge plan;
+    PyObject *plan_keep[4] = {NULL, NULL, NULL, NULL};
+    char **plan_lists[4] = {NULL, NULL, NULL, NULL};
+    if (bridge_obj != Py_None) {
+        if (!PyTuple_Check(bridge_obj) || PyTuple_GET_SIZE(bridge_obj) != 4) {
+            PyErr_SetString(PyExc_TypeError, "bridge: (tmpfs, dirs, files, binds) or None");
+            return NULL;
+        }
+        static const char *names[4] = {"bridge tmpfs", "bridge dirs", "bridge files", "bridge binds"};
+        for (int i = 0; i < 4; i++) {
+            plan_lists[i] = cstrings(PyTuple_GET_ITEM(bridge_obj, i), names[i], &plan_keep[i]);
+            if (plan_lists[i] == NULL) {
+                free_lists(plan_lists, plan_keep);
+                return NULL;
+            }
+        }
+        plan.tmpfs = plan_lists[0];
+        plan.dirs = plan_lists[1];
+        plan.files = plan_lists[2];
+        plan.binds = plan_lists[3];
+        plan.nbinds = (int)PyTuple_GET_SIZE(plan_keep[3]);
+        if (plan.nbinds > MAX_BINDS) {
+            free_lists(plan_lists, plan_keep);
+            PyErr_SetString(PyExc_ValueError, "bridge: at most 16 binds");
+            return NULL;
+        }
+        l.bridge = &plan;
+    }
+
     PyObject *argv_keep = NULL, *env_keep = NULL;
     char **argv = cstrings(argv_obj, "argv", &argv_keep);
-    if (argv == NULL)
+    if (argv == NULL) {
+        free_lists(plan_lists, plan_keep);
         return NULL;
+    }
     char **envp = cstrings(env_obj, "env", &env_keep);
     if (envp == NULL) {
         PyMem_Free(argv);
         Py_DECREF(argv_keep);
+        free_lists(plan_lists, plan_keep);
         return NULL;
     }
     l.argv = argv;
@@ -310,6 +392,7 @@ static PyObject *jail_spawn(PyObject *self, PyObject *args) {
     PyMem_Free(envp);
     Py_DECREF(argv_keep);
     Py_DECREF(env_keep);
+    free_lists(plan_lists, plan_keep);
     if (pid < 0) {
         errno = saved;
         return PyErr_SetFromErrno(PyExc_OSError);
@@ -317,11 +400,61 @@ static PyObject *jail_spawn(PyObject *self, PyObject *args) {
     return PyLong_FromLong((long)pid);
 }
 
+/* SIGKILL every process of a uid, from a vforked child that takes that uid:
+ * kill(-1) reaches exactly the processes the uid may signal (in every pid
+ * namespace below ours), never the caller, never anyone else. */
+static PyObject *jail_kill_uid(PyObject *self, PyObject *args) {
+    (void)self;
+    long uid;
+    if (!PyArg_ParseTuple(args, "l:kill_uid", &uid))
+        return NULL;
+    if (uid <= 0) {
+        PyErr_SetString(PyExc_ValueError, "kill_uid: never uid 0");
+        return NULL;
+    }
+    sigset_t all, old_mask;
+    pid_t pid;
+    int status = 0, saved = 0;
+    sigfillset(&all);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_sigmask(SIG_SETMASK, &all, &old_mask);
+    pid = vfork();
+    if (pid == 0) {
+        if (syscall(SYS_setgroups, 0, NULL) != 0 ||
+            syscall(SYS_setresgid, (gid_t)uid, (gid_t)uid, (gid_t)uid) != 0 ||
+            syscall(SYS_setresuid, (uid_t)uid, (uid_t)uid, (uid_t)uid) != 0)
+            _exit(126);
+        if (kill(-1, SIGKILL) != 0 && errno != ESRCH)
+            _exit(125);
+        _exit(0);
+    }
+    saved = errno;
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    if (pid > 0) {
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+            ;
+    }
+    Py_END_ALLOW_THREADS
+    if (pid < 0) {
+        errno = saved;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        PyErr_Format(PyExc_OSError, "kill_uid(%ld): the killer could not %s", uid,
+                     WIFEXITED(status) && WEXITSTATUS(status) == 125 ? "signal" : "take the uid");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"spawn", jail_spawn, METH_VARARGS,
-     "spawn(exe, argv, env, cwd, fds, ruleset_fd, seccomp, uid, gid, keep_root, limits) -> pid\n\n"
-     "vfork; in the child place fds on 0.., start a session, set the parent-death\n"
-     "signal, the rlimits, the cwd, the uid, Landlock and seccomp; execve."},
+     "spawn(exe, argv, env, cwd, fds, ruleset_fd, seccomp, uid, gid, limits, bridge=None) -> pid\n\n"
+     "vfork; in the child place fds on 0.., start a session, set the rlimits,\n"
+     "make the bridge mounts, the cwd, the uid, the parent-death signal,\n"
+     "Landlock and seccomp; execve."},
+    {"kill_uid", jail_kill_uid, METH_VARARGS,
+     "kill_uid(uid)\n\nSIGKILL every process of uid (from a child that takes it)."},
     {NULL, NULL, 0, NULL},
 };
 

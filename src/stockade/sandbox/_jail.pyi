@@ -12,7 +12,8 @@ def spawn(
     seccomp: bytes,
     uid: int,
     gid: int,
-    keep_root: bool,
     limits: Sequence[tuple[int, int]],
+    bridge: tuple[Sequence[bytes], Sequence[bytes], Sequence[bytes], Sequence[bytes]] | None = None,
     /,
 ) -> int: ...
+def kill_uid(uid: int, /) -> None: ...

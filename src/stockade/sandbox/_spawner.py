@@ -40,8 +40,7 @@ class _Job:
 class ForkServerClient:
     """The engine's side of the fork server: start once, spawn many, close once."""
 
-    def __init__(self, user: tuple[int, int] | None = None) -> None:
-        self._user = user
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._sock: socket.socket | None = None
@@ -65,11 +64,10 @@ class ForkServerClient:
                 f"('stockade.sandbox', {str(here)!r})):\n"
                 "    m = types.ModuleType(name); m.__path__ = [path]; sys.modules[name] = m\n"
                 "from stockade.sandbox._forkserver import main\n"
-                "main(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)\n"
+                "main(int(sys.argv[1]))\n"
             )
-            user = [f"{self._user[0]}:{self._user[1]}"] if self._user else []
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", code, str(theirs.fileno()), *user],
+                [sys.executable, "-I", "-S", "-c", code, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 env={"PATH": "/usr/bin:/bin"},
                 stdin=subprocess.DEVNULL,
@@ -239,9 +237,9 @@ class HelperPool:
     millisecond of serial work per item, so with several jobs one helper
     would become the bottleneck. Helpers start on first use."""
 
-    def __init__(self, size: int | None = None, user: tuple[int, int] | None = None) -> None:
+    def __init__(self, size: int | None = None) -> None:
         n = size or min(os.cpu_count() or 1, 4)
-        self._clients = [ForkServerClient(user) for _ in range(n)]
+        self._clients = [ForkServerClient() for _ in range(n)]
         self._next = itertools.count()
 
     def spawn(self, request: Mapping[str, Any], fds: Sequence[int]) -> _Job:

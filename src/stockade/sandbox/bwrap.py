@@ -27,9 +27,11 @@ the helper.
 Resources are rlimits set by ``prlimit`` inside the jail, after the user
 namespace exists. RLIMIT_NPROC is counted per (user namespace, uid) since
 Linux 5.14, so inside a fresh user namespace it counts only this jail's
-processes. Host root is exempt from RLIMIT_NPROC, so when the engine runs as
-root the jail runs as ``nobody`` (65534): the item's ``work/`` is handed to
-that uid before start.
+processes. Host root is exempt from RLIMIT_NPROC and must not be a jail's
+uid anyway, so when the engine runs as root each jail runs as a uid of its
+own (``_uids``: never a host account's, never shared with another running
+item); the item's ``work/`` is handed to that uid before start and back
+once the jail is gone. PATH lists only folders the jail can search.
 
 Standard library only, with ``stockade.sandbox`` and ``stockade.errors``.
 """
@@ -50,7 +52,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from stockade.errors import InfraError
-from stockade.sandbox import _direct, seccomp
+from stockade.sandbox import _direct, _reach, _uids, seccomp
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox._tmp import owned_tmpdir
 from stockade.sandbox.base import Availability, Backend, Running
@@ -64,9 +66,6 @@ PROXY_PORT = 3128
 HELPER_DIR = "/.stockade"
 #: The host side of the in-jail relay to the egress proxy.
 RELAY_SCRIPT = str(Path(__file__).with_name("_relay.py"))
-#: The uid/gid a jail runs as when the engine is root.
-JAIL_UID = 65534
-JAIL_GID = 65534
 
 SYSTEM_DIRS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 #: /etc entries a process commonly needs: the loader, users and groups for
@@ -318,6 +317,14 @@ def _resolve(path: str) -> str:
     return os.path.join(_realpath_dir(top), middle, last)
 
 
+def _resolved(path: str | Path) -> str:
+    """``_resolve``, or ``realpath`` for a path that is missing (the launcher reports it)."""
+    try:
+        return _resolve(os.fspath(path))
+    except OSError:
+        return os.path.realpath(path)
+
+
 def reachable_by_others(path: str | Path) -> bool:
     """Other users can search every directory down to ``path`` and use ``path`` itself."""
     try:
@@ -340,18 +347,6 @@ def _remove_points(points: Sequence[str]) -> None:
     for p in points:
         parent = os.path.dirname(p) if not os.path.isdir(p) else p
         shutil.rmtree(parent, ignore_errors=True)
-
-
-def _chown_tree(root: Path, uid: int, gid: int) -> None:
-    """Hand ``root`` and everything below it to the jail uid (never following links)."""
-    os.chown(root, uid, gid, follow_symlinks=False)
-    stack = [os.fspath(root)]
-    while stack:
-        with os.scandir(stack.pop()) as it:
-            for entry in it:
-                os.chown(entry.path, uid, gid, follow_symlinks=False)
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
 
 
 def _remove_trees(paths: Sequence[str], locks: Sequence[int]) -> None:
@@ -384,8 +379,8 @@ class BwrapBackend(Backend):
         self._cleanup: weakref.finalize[[Sequence[str], Sequence[int]], BwrapBackend] | None = None
         self._prepare_lock = threading.Lock()
         self._helpers = HelperPool()
-        #: For a root engine: helpers that already run as the jail uid.
-        self._jail_helpers = HelperPool(user=(JAIL_UID, JAIL_GID))
+        self._ids = _uids.JailIds()
+        self._path_filter = _reach.PathFilter()
         self._setpriv = shutil.which("setpriv", path="/usr/bin:/bin")
 
     def availability(self) -> Availability:
@@ -440,12 +435,53 @@ class BwrapBackend(Backend):
             self._filter = seccomp.build_filter(seccomp.native_arch())
         return self._layout, self._filter
 
+    def jail_path(self, policy: Policy, uid: int | None) -> str | None:
+        """The jail's PATH: the policy's entries that exist in the jail (the
+        system folders, mounts, work/) and that its uid can search."""
+        value = policy.env.get("PATH")
+        if value is None:
+            return None
+        layout = self._layout or scan_host()
+        # Every source is bound (or bridged) into bwrap's own root: only
+        # the folders from the source down matter.
+        system = [_reach.Root(d, d, True) for d in (*layout.dirs, *layout.symlinks)]
+
+        def item() -> list[_reach.Root]:
+            roots = [_reach.Root(m.target, os.path.realpath(m.source), True) for m in policy.mounts]
+            return [*roots, _reach.Root(str(policy.work_dir), _resolved(policy.work_dir), True)]
+
+        tops = [*(m.target for m in policy.mounts), str(policy.work_dir)]
+        return self._path_filter(value, system, item, tops, uid)
+
     def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:
+        lease = self._ids.acquire()
+        if lease is None:
+            return self._start(policy, stdout, stderr, None)
+        # A root engine's jail runs as a uid of its own; work/ is its until
+        # the jail is gone.
+        owned = (policy.work_dir,)
+        try:
+            _uids.hand_to(policy.work_dir, lease.uid, lease.gid)
+            running = self._start(policy, stdout, stderr, lease)
+        except BaseException:
+            try:
+                _uids.give_back(owned, lease)
+            finally:
+                lease.release()
+            raise
+        return _uids.LeasedRunning(running, lease, owned)
+
+    def _start(
+        self, policy: Policy, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
+        lease: _uids.Lease | None,
+    ) -> Running:  # fmt: skip
         layout, program = self._prepare()
-        user = group = None
-        if os.geteuid() == 0:
-            user, group = JAIL_UID, JAIL_GID
-            _chown_tree(policy.work_dir, JAIL_UID, JAIL_GID)
+        user = None if lease is None else lease.uid
+        group = None if lease is None else lease.gid
+        env = jail_env(policy)
+        path = self.jail_path(policy, user)
+        if path is not None:
+            env["PATH"] = path
         relay = RELAY_SCRIPT
         paths = [str(policy.work_dir), *(str(m.source) for m in policy.mounts)]
         if layout.etc_dir is not None and not self._etc_reachable:
@@ -481,15 +517,13 @@ class BwrapBackend(Backend):
             fds = [fileno(stdout), fileno(stderr), *policy.pass_fds, rfd]
             if self.launcher == "direct" and not bridges:
                 try:
-                    return self._direct.spawn(
-                        self._bwrap, argv, jail_env(policy), fds, uid=user, gid=group
-                    )
+                    return self._direct.spawn(self._bwrap, argv, env, fds, uid=user, gid=group)
                 except OSError as e:
                     raise InfraError(f"cannot start bwrap: {e}") from e
             request = {
                 "mode": "plain",
                 "argv": argv,
-                "env": jail_env(policy),
+                "env": env,
                 "cwd": str(policy.work_dir),
                 "uid": user,
                 "gid": group,
@@ -497,10 +531,7 @@ class BwrapBackend(Backend):
                 "setpriv": self._setpriv,
                 "rlimits": {"as": None, "cpu": None, "nproc": None, "fsize": None},
             }
-            pool = self._helpers
-            if user is not None and not bridges:
-                pool, request["uid"], request["gid"] = self._jail_helpers, None, None
-            job = pool.spawn(request, fds)
+            job = self._helpers.spawn(request, fds)
         finally:
             os.close(rfd)
             if wfd != -1:
@@ -521,7 +552,7 @@ class BwrapBackend(Backend):
     def close(self) -> None:
         self._direct.close()
         self._helpers.close()
-        self._jail_helpers.close()
+        _uids.release_idle()
         with self._prepare_lock:
             if self._cleanup is not None:
                 self._cleanup()

@@ -15,6 +15,12 @@ inherited, already connected socket: nothing to connect to); abstract unix
 sockets and signals are scoped to the jail (ABI >= 6). ``setsid``/``setpgid`` are refused so the
 whole jail stays in one process group that a timeout can kill.
 
+Identity: an unprivileged engine's jail keeps its uid. A root engine's jail
+never runs as uid 0 nor as a host account: it gets a uid of its own
+(``_uids``); folders above its paths that only root can search are bridged
+in a private mount namespace (``_reach``), so the host's permissions stay.
+PATH lists only folders the jail can search.
+
 Launch: ``landlock_request`` (pure) turns a policy into the request the
 single-threaded fork server (``_forkserver``) executes.
 
@@ -29,21 +35,20 @@ import socket
 import sys
 import threading
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any, Literal
 
 from stockade.errors import InfraError
-from stockade.sandbox import _direct, _landlock, seccomp
+from stockade.sandbox import _direct, _landlock, _reach, _uids, seccomp
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox.base import Availability, Backend, Running
 from stockade.sandbox.bwrap import (
-    JAIL_GID,
-    JAIL_UID,
     HostLayout,
-    _chown_tree,
+    _resolved,
+    _searchable_by_others,
     proxy_env,
     proxy_url,
-    reachable_by_others,
     scan_host,
 )
 from stockade.sandbox.policy import Policy
@@ -65,8 +70,15 @@ def landlock_request(
     gid: int | None = None,
     relay_port: int | None = None,
     launcher: Launcher = "native",
+    bridge: _reach.BridgePlan | None = None,
+    path: str | None = None,
 ) -> dict[str, Any]:
-    """The fork server request for ``policy``. Pure: no I/O."""
+    """The fork server request for ``policy``. Pure: no I/O.
+
+    ``bridge``: mounts that make root-only folders above the jail's paths
+    passable (see ``_reach``); ``path``: the jail's PATH, when the backend
+    filtered it (``LandlockBackend.jail_path``).
+    """
     for m in policy.mounts:
         if m.target != str(m.source):
             raise InfraError(
@@ -79,6 +91,8 @@ def landlock_request(
     # measurable on slow filesystems, and the runner made it fresh).
     env["HOME"] = scratch
     env["TMPDIR"] = scratch
+    if path is not None:
+        env["PATH"] = path
     if policy.network == "proxy":
         if abi < 4:
             # Without Landlock's TCP rules a plain TCP socket reaches any host.
@@ -133,6 +147,7 @@ def landlock_request(
         "cache_read_only": not policy.mounts,
         "uid": uid,
         "gid": gid,
+        "bridge": bridge.to_json() if bridge is not None else None,
     }
 
 
@@ -195,6 +210,8 @@ class LandlockBackend(Backend):
         self._layout: HostLayout | None = None
         self._helpers = HelperPool()
         self._launcher = launcher
+        self._ids = _uids.JailIds()
+        self._path_filter = _reach.PathFilter()
 
     @property
     def launcher(self) -> Launcher:
@@ -240,10 +257,9 @@ class LandlockBackend(Backend):
             "network: proxy: Landlock's rules name ports, not addresses, so a step can open TCP "
             "to any address on the relay's port number (a server of its own listening there "
             "bypasses the allowlist); bwrap has no such gap",
-            "RLIMIT_NPROC counts every process of the jail's uid on the host "
-            "(the limit is set to the current count plus the step's share); when the engine "
-            "runs as root and a step needs a path only root can reach, the jail keeps uid 0 "
-            "without capabilities and RLIMIT_NPROC does not apply",
+            "RLIMIT_NPROC counts every process of the jail's uid on the host: an unprivileged "
+            "engine's jails share its uid (the limit is set to the current count plus the "
+            "step's share); a root engine gives each running item a uid of its own",
             "/dev/stdout and /dev/stderr can be reopened only when they are files",
         ]
         if self.abi < 4:
@@ -258,28 +274,59 @@ class LandlockBackend(Backend):
             )
         return tuple(lims)
 
+    def jail_path(self, policy: Policy, uid: int | None) -> str | None:
+        """The jail's PATH: the policy's entries that exist in the jail (the
+        system folders, work/, scratch, mounts) and that its uid can search."""
+        value = policy.env.get("PATH")
+        if value is None:
+            return None
+        layout = self._layout or scan_host()
+        system = [_reach.Root(d, d, False) for d in (*layout.dirs, *layout.symlinks)]
+
+        def item() -> list[_reach.Root]:
+            # Bound: folders above them are bridged when the jail cannot search them.
+            own = (policy.work_dir, policy.scratch_dir)
+            roots = [_reach.Root(str(p), _resolved(p), True) for p in own]
+            return roots + [
+                _reach.Root(m.target, os.path.realpath(m.source), True) for m in policy.mounts
+            ]
+
+        tops = [str(policy.work_dir), str(policy.scratch_dir), *(m.target for m in policy.mounts)]
+        return self._path_filter(value, system, item, tops, uid)
+
     def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:
         if self._layout is None:
             self._layout = scan_host()
-        uid = gid = None
         policy.scratch_dir.mkdir(parents=True, exist_ok=True)
-        needed = [policy.work_dir, policy.scratch_dir, *(m.source for m in policy.mounts)]
-        if os.geteuid() == 0 and all(reachable_by_others(p) for p in needed):
-            # Host root is exempt from RLIMIT_NPROC and owns everything: run
-            # as nobody. When a needed path is reachable only by root (a
-            # runtime dir under /root), the helper keeps uid 0 but drops
-            # every capability instead.
-            uid, gid = JAIL_UID, JAIL_GID
-            _chown_tree(policy.work_dir, uid, gid)
-            _chown_tree(policy.scratch_dir, uid, gid)
-        elif os.geteuid() == 0 and self.abi < 6:
-            # euid 0 without Landlock's signal scope could signal host root's
-            # processes: refuse rather than run weaker than reported.
-            raise InfraError(
-                "landlock: a step needs a path only root can reach, and this kernel's Landlock "
-                f"(ABI {self.abi} < 6) cannot scope signals; make the run root searchable "
-                "by others (chmod o+x) or use bwrap"
-            )
+        # A root engine's jail runs as a uid of its own (never 0, never a
+        # host account's): its work/ and scratch are handed to it now and
+        # back once it is gone.
+        lease = self._ids.acquire()
+        if lease is None:
+            return self._start(policy, stdout, stderr, None, None)
+        owned = (policy.work_dir, policy.scratch_dir)
+        try:
+            for p in owned:
+                _uids.hand_to(p, lease.uid, lease.gid)
+            policy, bridge = self._bridge(policy)
+            running = self._start(policy, stdout, stderr, lease, bridge)
+        except BaseException:
+            try:
+                _uids.give_back(owned, lease)
+            finally:
+                lease.release()
+            raise
+        # The helper kills the jail's process group (which it cannot leave)
+        # when its first process ends; only a helper that died leaves
+        # processes behind.
+        return _uids.LeasedRunning(running, lease, owned, sweep=lambda: bool(running.error))
+
+    def _start(
+        self, policy: Policy, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
+        lease: _uids.Lease | None, bridge: _reach.BridgePlan | None,
+    ) -> HelperRunning:  # fmt: skip
+        assert self._layout is not None
+        uid = None if lease is None else lease.uid
         on_exit: list[Any] = []
         relay_port = None
         if policy.network == "proxy":
@@ -294,9 +341,11 @@ class LandlockBackend(Backend):
                 abi=self.abi,
                 layout=self._layout,
                 uid=uid,
-                gid=gid,
+                gid=None if lease is None else lease.gid,
                 relay_port=relay_port,
                 launcher=self.launcher,
+                bridge=bridge,
+                path=self.jail_path(policy, uid),
             )
             # The helper places the policy's fds at 3, 4, ... in the jail.
             fds = (fileno(stdout), fileno(stderr), *policy.pass_fds)
@@ -307,5 +356,28 @@ class LandlockBackend(Backend):
             raise
         return HelperRunning(job, on_exit)
 
+    def _bridge(self, policy: Policy) -> tuple[Policy, _reach.BridgePlan | None]:
+        """Bridges for the folders above work/, scratch and mounts that the
+        jail's uid cannot search (a private run folder, /root/...).
+
+        With bridges, work/ and scratch are named by their resolved paths: a
+        symlink on the way may sit in a folder the bridge hides.
+        """
+        work, scratch = _resolved(policy.work_dir), _resolved(policy.scratch_dir)
+        paths = [(work, True), (scratch, True)]
+        paths += [
+            (os.path.realpath(m.source), m.source.is_dir())
+            for m in policy.mounts
+            if m.source.exists()
+        ]
+        # The common case in a few cached lookups: every folder above is open.
+        if all(_searchable_by_others(os.path.dirname(p)) for p, _ in paths):
+            return policy, None
+        plan = _reach.bridge_plan(paths, _searchable_by_others)
+        if plan is None or (work, scratch) == (str(policy.work_dir), str(policy.scratch_dir)):
+            return policy, plan
+        return replace(policy, work_dir=Path(work), scratch_dir=Path(scratch)), plan
+
     def close(self) -> None:
         self._helpers.close()
+        _uids.release_idle()

@@ -104,9 +104,9 @@ DENIED_HOST_IPC: tuple[str, ...] = (
     "msgget", "msgsnd", "msgrcv", "msgctl",
     "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
 )  # fmt: skip
-#: Also refused there: identity changes. A jail that keeps euid 0 (root
-#: engine, root-only paths) runs with real uid nobody so RLIMIT_NPROC
-#: applies; it must not be able to set its real uid back.
+#: Also refused there: identity changes. A jail holds no capability, so
+#: these could only shuffle its own ids; refused so that a launcher mistake
+#: that left a privileged id behind fails closed.
 DENIED_IDENTITY: tuple[str, ...] = (
     "setuid", "setreuid", "setresuid", "setfsuid",
     "setgid", "setregid", "setresgid", "setfsgid", "setgroups",
