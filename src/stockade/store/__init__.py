@@ -16,10 +16,12 @@ from stockade.store.base import (
     Event,
     FenceCheck,
     ItemRecord,
+    ItemSpan,
     Lease,
     PublishRecord,
     RunExists,
     RunRecord,
+    StepTally,
     Store,
 )
 from stockade.store.sqlite import SQLiteStore
@@ -32,11 +34,13 @@ __all__ = [
     "Event",
     "FenceCheck",
     "ItemRecord",
+    "ItemSpan",
     "Lease",
     "PublishRecord",
     "RunExists",
     "RunRecord",
     "SQLiteStore",
+    "StepTally",
     "Store",
     "open_store",
 ]

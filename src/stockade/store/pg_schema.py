@@ -106,4 +106,5 @@ ALTER TABLE stockade_last_publish
     ADD COLUMN IF NOT EXISTS run_started_at DOUBLE PRECISION NOT NULL DEFAULT 0,
     ADD COLUMN IF NOT EXISTS token BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE stockade_items ADD COLUMN IF NOT EXISTS key TEXT NOT NULL DEFAULT '';
+CREATE INDEX IF NOT EXISTS stockade_items_key ON stockade_items (run_id, step, key);
 """
