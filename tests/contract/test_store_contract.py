@@ -195,6 +195,16 @@ def test_item_page_pages_and_filters(store: Store, offset: int, limit: int,
         assert [o.name for o in i.outputs] == ([] if i.status == "failed" else [f"o{i.item}.txt"])
 
 
+def test_item_page_from_an_index(store: Store) -> None:
+    _fill(store)
+    store.forget_item("r1", "s", 12)
+    page = store.item_page("r1", "s", from_index=10, limit=4)
+    assert [i.item for i in page] == [10, 11, 13, 14]
+    assert [i.item for i in store.item_page("r1", "s", from_index=6, statuses=["failed"])] == \
+        [10, 15, 20]
+    assert [i.item for i in store.item_page("r1", "s", from_index=20, offset=3)] == [23, 24]
+
+
 def test_item_page_caps_a_page_at_1000(store: Store) -> None:
     store.create_run(run())
     store.record_batch([], [(ItemRecord("r1", "s", i, "succeeded", 1), []) for i in range(1005)])

@@ -255,9 +255,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def item_page(self, run_id: str, step: str, *, offset: int = 0, limit: int = 100,
-                  statuses: Sequence[str] | None = None) -> list[ItemRecord]:
-        """One page of a step's records with their outputs, ordered by item index;
-        only those whose status is in ``statuses`` when it is given."""
+                  statuses: Sequence[str] | None = None,
+                  from_index: int = 0) -> list[ItemRecord]:
+        """One page (at most 1,000) of a step's records with their outputs, ordered by
+        item index: those with ``item >= from_index`` and, when ``statuses`` is given,
+        a status in it, skipping the first ``offset`` of them."""
 
     @abc.abstractmethod
     def find_item(self, run_id: str, step: str, *, index: int | None = None,

@@ -242,9 +242,10 @@ class PostgresStore(Store):
         return [item_from_row(r, arts.get((r[1], r[2]), ())) for r in rows]
 
     def item_page(self, run_id: str, step: str, *, offset: int = 0, limit: int = 100,
-                  statuses: Sequence[str] | None = None) -> list[ItemRecord]:
-        where = "run_id=%s AND step=%s"
-        args: list[Any] = [run_id, step]
+                  statuses: Sequence[str] | None = None,
+                  from_index: int = 0) -> list[ItemRecord]:
+        where = "run_id=%s AND step=%s AND item>=%s"
+        args: list[Any] = [run_id, step, from_index]
         if statuses is not None:
             where, args = where + " AND status = ANY(%s)", [*args, list(statuses)]
         rows = self._rows(f"SELECT * FROM stockade_items WHERE {where} ORDER BY item"

@@ -342,9 +342,10 @@ class SQLiteStore(Store):
         return [item_from_row(r, arts.get((r[1], r[2]), ())) for r in rows]
 
     def item_page(self, run_id: str, step: str, *, offset: int = 0, limit: int = 100,
-                  statuses: Sequence[str] | None = None) -> list[ItemRecord]:
-        where = "run_id=? AND step=?"
-        args: list[Any] = [run_id, step]
+                  statuses: Sequence[str] | None = None,
+                  from_index: int = 0) -> list[ItemRecord]:
+        where = "run_id=? AND step=? AND item>=?"
+        args: list[Any] = [run_id, step, from_index]
         if statuses is not None:
             where += f" AND status IN ({','.join('?' * len(statuses))})" if statuses else " AND 0"
             args += list(statuses)
