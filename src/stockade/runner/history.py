@@ -198,14 +198,18 @@ def log(store: Store, record: RunRecord, item: ItemRecord, which: str, attempt: 
 
 
 def provenance_chain(store: Store, record: RunRecord, item: ItemRecord, output: str | None,
-                     *, kind: str) -> dict[str, Any]:
-    """The ``why`` of an item's outputs: each input, the item that made it, recursively."""
+                     *, kind: str, max_items: int | None = None) -> dict[str, Any]:
+    """The ``why`` of an item's outputs: each input, the item that made it, recursively.
+
+    ``max_items`` bounds how many producing items are read (the web UI's graph of
+    an item fed by 10,000 others); inputs past it are listed without ``from``.
+    """
     label = f"{item.step}/{item.label}"
     if kind == "keep":
         raise UserError(f"{label} is a decision of a keep: step; it makes no files "
                         "(see `stockade show` for its decision and the item it kept)")
     if kind == "publish":
-        return _publish_node(store, record, item)
+        return _publish_node(store, record, item, max_items)
     rundir = RunDir(Path(record.root), record.run_id)
     name = output.removeprefix("out/") if output else None
     if name is not None:
@@ -213,11 +217,11 @@ def provenance_chain(store: Store, record: RunRecord, item: ItemRecord, output: 
         if name not in names:
             listed = ", ".join(f"out/{n}" for n in names) or "none"
             raise UserError(f"{label} has no output {output!r} (its outputs: {listed})")
-    return _chain(rundir, item.step, item.item, name, 0, set())
+    return _chain(rundir, item.step, item.item, name, 0, set(), max_items)
 
 
 def _chain(rundir: RunDir, step: str, index: int, output: str | None, depth: int,
-           seen: set[tuple[str, str, int]]) -> dict[str, Any]:
+           seen: set[tuple[str, str, int]], max_items: int | None = None) -> dict[str, Any]:
     idir = rundir.item(step, index)
     try:
         done = read_completion(idir.completion)
@@ -242,15 +246,16 @@ def _chain(rundir: RunDir, step: str, index: int, output: str | None, depth: int
             src_run = str(src.get("run_id", rundir.run_id))
             producer = RunDir(rundir.root, src_run)
             key = (src_run, str(src["step"]), int(src["item"]))
-            if key not in seen:
+            if key not in seen and (max_items is None or len(seen) < max_items):
                 with contextlib.suppress(UserError):
                     entry["from"] = _chain(producer, str(src["step"]), int(src["item"]),
-                                           str(src["name"]), depth + 1, seen)
+                                           str(src["name"]), depth + 1, seen, max_items)
         node["inputs"].append(entry)
     return node
 
 
-def _publish_node(store: Store, record: RunRecord, item: ItemRecord) -> dict[str, Any]:
+def _publish_node(store: Store, record: RunRecord, item: ItemRecord,
+                  max_items: int | None = None) -> dict[str, Any]:
     idir = item_dir(record, item)
     pub: Mapping[str, Any] = {}
     if item.attempt:
@@ -264,10 +269,13 @@ def _publish_node(store: Store, record: RunRecord, item: ItemRecord) -> dict[str
         "payload_artifacts": [],
     }
     rundir = RunDir(Path(record.root), record.run_id)
+    seen: set[tuple[str, str, int]] = set()
     for ref in pub.get("payload_artifacts") or []:
         entry = dict(ref)
-        with contextlib.suppress(UserError, KeyError, ValueError, TypeError):
-            entry["from"] = _chain(rundir, str(ref["step"]), int(ref["item"]), str(ref["name"]),
-                                   1, set())
+        if max_items is None or len(seen) < max_items:
+            with contextlib.suppress(UserError, KeyError, ValueError, TypeError):
+                entry["from"] = _chain(rundir, str(ref["step"]), int(ref["item"]),
+                                       str(ref["name"]), 1, seen if max_items else set(),
+                                       max_items)
         node["payload_artifacts"].append(entry)
     return node
