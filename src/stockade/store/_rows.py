@@ -47,13 +47,14 @@ def effect_from_row(r: Sequence[Any]) -> Effect:
     )
 
 
-#: The columns of an ``ItemSpan``, in its field order (both stores' items tables have them).
-SPAN_COLUMNS = "step, item, key, status, attempt, started_at, ended_at"
+#: The columns of an ``ItemSpan``, in its field order; a record made before keys
+#: answers to its index as text (both stores' SQL).
+SPAN_COLUMNS = ("step, item, CASE WHEN key = '' THEN CAST(item AS TEXT) ELSE key END, status, "
+                "attempt, started_at, ended_at")
 
 
-def span_from_row(r: Sequence[Any]) -> ItemSpan:
-    return ItemSpan(step=r[0], item=int(r[1]), key=r[2] or str(r[1]), status=r[3],
-                    attempt=int(r[4]), started_at=float(r[5]), ended_at=float(r[6]))
+def spans_from_rows(rows: Sequence[Sequence[Any]]) -> list[ItemSpan]:
+    return list(map(ItemSpan._make, rows))
 
 
 def tallies_from_rows(rows: Sequence[Sequence[Any]]) -> dict[str, StepTally]:

@@ -27,7 +27,7 @@ from stockade.store._rows import (
     item_from_row,
     run_from_row,
     run_tallies_from_rows,
-    span_from_row,
+    spans_from_rows,
     tallies_from_rows,
 )
 from stockade.store.base import (
@@ -289,9 +289,9 @@ class PostgresStore(Store):
             where, args = where + " AND step=%s", [*args, step]
         if ended_after is not None:
             where, args = where + " AND ended_at>%s", [*args, ended_after]
-        return [span_from_row(r) for r in self._rows(
+        return spans_from_rows(self._rows(
             f"SELECT {SPAN_COLUMNS} FROM stockade_items WHERE {where} ORDER BY step, item",
-            tuple(args))]
+            tuple(args)))
 
     # -- events ------------------------------------------------------------
 

@@ -153,7 +153,7 @@ def _env() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("stockade.web", "templates"),
         autoescape=True, trim_blocks=True, lstrip_blocks=True,
-        undefined=jinja2.StrictUndefined,
+        undefined=jinja2.ChainableUndefined,
     )
     env.filters.update(when=when, dur=dur, size=size, tokens=tokens,
                        q=lambda s: quote(str(s), safe=""), short=lambda h: str(h)[:12])
@@ -172,6 +172,7 @@ class UI:
         self.folds = model.Folds(self.store)
         self.reuse = model.Reuse()
         self.rows = model.RunRows(self.store)
+        self.final = model.FinalCache()
         self.env = _env()
 
     # -- helpers ---------------------------------------------------------------
@@ -214,7 +215,7 @@ class UI:
             return RedirectResponse(f"/runs/{quote(record.run_id)}", status_code=307)
         manifest = read_manifest(record)
         steps, st = model.step_views(self.store, record, self.folds, manifest=manifest,
-                                     reused=self.reuse.cached(record.run_id))
+                                     reused=self.reuse.cached(record.run_id), cache=self.final)
         fold = self.folds.get(record.run_id)
         fails = live.failures(self.store, self.folds, record, steps)
         run = live.run_json(record, st)
@@ -245,13 +246,15 @@ class UI:
         limit = limit if limit in PAGE_SIZES else 100
         page = int(q["page"]) - 1 if q.get("page", "").isdigit() and int(q["page"]) > 0 else 0
         steps, st = model.step_views(self.store, record, self.folds,
-                                     reused=self.reuse.cached(record.run_id))
+                                     reused=self.reuse.cached(record.run_id), cache=self.final)
         view = next((s for s in steps if s.id == step), None)
         if view is None:
             known = ", ".join(s.id for s in steps) or "none"
             return self.error(404, f"run {record.run_id} has no step {step!r} (steps: {known})")
+        tallies = self.final.get("tallies", record, st,
+                                 lambda: self.store.step_tallies(record.run_id))
         sp = items.step_page(self.store, self.folds, record, step, page=page, limit=limit,
-                             filter=filt)
+                             filter=filt, tallies=tallies)
         rows = [r.to_json() for r in sp.rows]
         base = f"/runs/{quote(record.run_id)}/{quote(step)}"
         return self.page(
@@ -394,8 +397,11 @@ class UI:
             record = self.run_of(request.path_params["run"])
         except UserError as exc:
             return JSONResponse({"error": str(exc)}, 404)
-        steps, _ = model.step_views(self.store, record, self.folds)
-        body = json.dumps(model.timeline(self.store, record, steps), separators=(",", ":"))
+        def compute() -> str:
+            steps, _ = model.step_views(self.store, record, self.folds, cache=self.final)
+            return json.dumps(model.timeline(self.store, record, steps), separators=(",", ":"))
+
+        body = self.final.get("timeline", record, state(record), compute)
         return Response(body, media_type="application/json", headers=HEADERS)
 
     # -- event streams ---------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 from stockade.runner.history import item_dir, kind_of
 from stockade.runner.runs import run_path, state
 from stockade.runner.status import RunStatus
-from stockade.store.base import AttemptRecord, ItemRecord, RunRecord, Store
+from stockade.store.base import AttemptRecord, ItemRecord, RunRecord, StepTally, Store
 from stockade.web.model import (
     FAILED,
     Fold,
@@ -95,10 +95,11 @@ class StepPage:
 
 
 def step_page(store: Store, folds: Folds, record: RunRecord, step: str, *, page: int = 0,
-              limit: int = 100, filter: str = "") -> StepPage:
+              limit: int = 100, filter: str = "",
+              tallies: dict[str, StepTally] | None = None) -> StepPage:
     fold = folds.get(record.run_id)
     live = state(record) is RunStatus.RUNNING
-    tally = store.step_tallies(record.run_id).get(step)
+    tally = (store.step_tallies(record.run_id) if tallies is None else tallies).get(step)
     status = step_status(fold, step, tally, live)
     recorded = tally.total if tally else 0
     total = max(fold.totals.get(step, 0), recorded)

@@ -18,7 +18,15 @@ from stockade.runner.runs import state
 from stockade.runner.status import RunStatus
 from stockade.store.base import RunRecord, Store
 from stockade.web import items as itemsmod
-from stockade.web.model import Folds, Reuse, RunRows, running_spans, step_views, timeline
+from stockade.web.model import (
+    Folds,
+    Reuse,
+    RunRows,
+    pack,
+    running_spans,
+    span_rows,
+    step_views,
+)
 
 #: How many of a run's failures its page lists (the step pages list them all).
 FAILURES_SHOWN = 20
@@ -106,7 +114,7 @@ class RunTicker:
     last: dict[str, Any] = field(default_factory=dict)
     failures_seen: set[str] = field(default_factory=set)
     spans_after: float | None = None
-    spans_seen: set[tuple[int, int, float]] = field(default_factory=set)
+    spans_seen: set[tuple[int, int, int]] = field(default_factory=set)
     reuse_done: bool = False
     _running: list[Any] = field(default_factory=list)
 
@@ -123,13 +131,7 @@ class RunTicker:
                           for s in steps}}
         return snap, [record, steps]
 
-    def prime(self, snap: dict[str, Any], failures: list[dict[str, Any]],
-              spans: dict[str, Any]) -> None:
-        self.last = snap
-        self.failures_seen = {f["url"] for f in failures}
-        self._seen_spans(spans.get("spans", []))
-
-    def _seen_spans(self, spans: list[list[Any]]) -> list[list[Any]]:
+    def _seen_spans(self, spans: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         fresh = []
         for s in spans:
             k = (s[0], s[1], s[3])
@@ -154,10 +156,10 @@ class RunTicker:
                 out["failures"] = new
             # Spans that ended lately: records land a little after their items
             # end, so the window overlaps and the seen set drops repeats.
-            t = timeline(self.store, record, steps, ended_after=self._after(record))
-            fresh = self._seen_spans(t["spans"])
+            fresh = self._seen_spans(span_rows(self.store, record, steps,
+                                               ended_after=self._after(record)))
             if fresh:
-                out["spans"] = fresh
+                out["spans"] = pack(fresh)
         running = running_spans(self.store, record, steps) \
             if snap["run"]["status"] == "running" else []
         if running != self._running:

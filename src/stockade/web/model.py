@@ -17,16 +17,18 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from stockade.runner.history import read_manifest
 from stockade.runner.runs import run_path, state
 from stockade.runner.status import RunStatus
 from stockade.store.base import ItemSpan, RunRecord, StepTally, Store
 from stockade.workspace.layout import ItemDir
+
+T = TypeVar("T")
 
 #: Item statuses counted as failed, in the order they are shown.
 FAILED = ("failed", "errored", "fenced")
@@ -184,13 +186,15 @@ def step_status(fold: Fold, step: str, tally: StepTally | None, live: bool) -> s
 
 def step_views(store: Store, record: RunRecord, folds: Folds, *,
                manifest: dict[str, Any] | None = None,
-               reused: dict[str, int] | None = None) -> tuple[list[StepView], RunStatus]:
+               reused: dict[str, int] | None = None,
+               cache: FinalCache | None = None) -> tuple[list[StepView], RunStatus]:
     """Every step of the plan with its counts, in plan order (recorded extras after)."""
     manifest = read_manifest(record) if manifest is None else manifest
     run_state = state(record)
     live = run_state is RunStatus.RUNNING
     fold = folds.get(record.run_id)
-    tallies = store.step_tallies(record.run_id)
+    tallies = cache.get("tallies", record, run_state, lambda: store.step_tallies(record.run_id)) \
+        if cache is not None else store.step_tallies(record.run_id)
     declared = [s for s in manifest.get("steps") or [] if isinstance(s, dict) and "id" in s]
     known = {str(s["id"]) for s in declared}
     declared += [{"id": s} for s in sorted(tallies) if s not in known]
@@ -371,27 +375,39 @@ def workflows(store: Store, limit: int = 1000) -> list[str]:
 # -- the timeline ----------------------------------------------------------------------
 
 
-def timeline(store: Store, record: RunRecord, steps: Sequence[StepView],
-             ended_after: float | None = None) -> dict[str, Any]:
-    """Item spans relative to the run's start, compact: ``[step, item, status, t0, t1]``
-    plus the key when it is not the index; and the items running now."""
+def span_rows(store: Store, record: RunRecord, steps: Sequence[StepView],
+              ended_after: float | None = None) -> list[tuple[Any, ...]]:
+    """``(step index, item, status code, start ms, end ms, key or None)`` per recorded
+    item, times relative to the run's start; the key only when it is not the index."""
     index = {s.id: n for n, s in enumerate(steps)}
     code = {s: n for n, s in enumerate(STATUSES)}
     t0 = record.started_at
-    spans = []
-    for sp in store.item_spans(record.run_id, ended_after=ended_after):
-        if sp.step not in index or (sp.attempt <= 0 and sp.status == "skipped"):
-            continue
-        row: list[Any] = [index[sp.step], sp.item, code.get(sp.status, 0),
-                          round(sp.started_at - t0, 3), round(sp.ended_at - t0, 3)]
-        if sp.key != str(sp.item):
-            row.append(sp.key)
-        spans.append(row)
-    return {"t0": t0, "steps": [s.id for s in steps], "statuses": list(STATUSES),
-            "spans": spans, "running": running_spans(store, record, steps)}
+    return [
+        (index[step], item, code.get(status, 0), int((a - t0) * 1000), int((b - t0) * 1000),
+         None if key == str(item) else key)
+        for step, item, key, status, attempt, a, b in
+        store.item_spans(record.run_id, ended_after=ended_after)
+        if step in index and (attempt > 0 or status != "skipped")
+    ]
+
+
+def pack(rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
+    """Rows as columns: a 10,000-item timeline is a few arrays, not 10,000 objects."""
+    cols = list(zip(*rows, strict=True)) if rows else [(), (), (), (), (), ()]
+    keys = list(cols[5])
+    return {"s": list(cols[0]), "i": list(cols[1]), "st": list(cols[2]), "a": list(cols[3]),
+            "b": list(cols[4]), "k": keys if any(k is not None for k in keys) else []}
+
+
+def timeline(store: Store, record: RunRecord, steps: Sequence[StepView]) -> dict[str, Any]:
+    """Every recorded item's span and the items running now, for the run's timeline."""
+    return {"t0": record.started_at, "steps": [s.id for s in steps], "statuses": list(STATUSES),
+            "spans": pack(span_rows(store, record, steps)),
+            "running": running_spans(store, record, steps)}
 
 
 def running_spans(store: Store, record: RunRecord, steps: Sequence[StepView]) -> list[list[Any]]:
+    """``[step index, item, start ms]`` of the items running now."""
     out: list[list[Any]] = []
     if state(record) is not RunStatus.RUNNING:
         return out
@@ -402,5 +418,32 @@ def running_spans(store: Store, record: RunRecord, steps: Sequence[StepView]) ->
         for i in sorted(running_indexes(store, record, s.id)):
             idir = ItemDir(base / s.id / str(i), Path("/nonexistent"))
             started = attempt_started(idir, max(1, idir.last_attempt()))
-            out.append([n, i, round((started or time.time()) - record.started_at, 3)])
+            out.append([n, i, int(((started or time.time()) - record.started_at) * 1000)])
     return out
+
+
+class FinalCache:
+    """Answers about runs that have ended, kept: they change only when the run does
+    (a resume changes its status and end), which is part of the key."""
+
+    def __init__(self, keep: int = 32) -> None:
+        self._data: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self._keep = keep
+        self._lock = threading.Lock()
+
+    def get(self, what: str, record: RunRecord, status: RunStatus,
+            compute: Callable[[], T]) -> T:
+        if status in (RunStatus.RUNNING, RunStatus.CRASHED):
+            return compute()
+        key = (what, record.run_id, str(status), record.ended_at)
+        with self._lock:
+            if key in self._data:
+                self._data.move_to_end(key)
+                hit: T = self._data[key]
+                return hit
+        value = compute()
+        with self._lock:
+            self._data[key] = value
+            while len(self._data) > self._keep:
+                self._data.popitem(last=False)
+        return value

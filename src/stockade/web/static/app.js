@@ -320,10 +320,21 @@
       if (h) location.href = h.url;
     });
   }
+  // Columns from the server ({s, i, st, a, b, k}, times in ms) as rows here.
+  function rowsOf(c) {
+    const out = [];
+    for (let n = 0; n < c.s.length; n++) {
+      out.push([c.s[n], c.i[n], c.st[n], c.a[n] / 1000, c.b[n] / 1000,
+        c.k.length && c.k[n] !== null ? c.k[n] : undefined]);
+    }
+    return out;
+  }
   Timeline.prototype.load = function (d) {
     this.t0 = d.t0;
     this.steps = d.steps;
     this.statuses = d.statuses;
+    d.spans = rowsOf(d.spans);
+    d.running = (d.running || []).map((r) => [r[0], r[1], r[2] / 1000]);
     const seen = new Set();
     this.spans = d.spans.concat(this.spans || []).filter((s) => {
       const k = s[0] + ":" + s[1] + ":" + s[3];
@@ -577,8 +588,8 @@
         $("#failures").appendChild(li);
         $("#no-failures").hidden = true;
       }
-      if (p.spans) tl.add(p.spans);
-      if (p.running) tl.setRunning(p.running);
+      if (p.spans) tl.add(rowsOf(p.spans));
+      if (p.running) tl.setRunning(p.running.map((r) => [r[0], r[1], r[2] / 1000]));
     });
   }
 
