@@ -93,9 +93,6 @@ class RunsTicker:
         return {"rows": {k: (now[k] if k in new else v) for k, v in d.items()},
                 "order": list(now), "new": new}
 
-    def prime(self, rows: list[dict[str, Any]]) -> None:
-        self.last = {r["run_id"]: _row(r) for r in rows}
-
 
 def _row(r: dict[str, Any]) -> dict[str, Any]:
     # The duration ticks on the page itself; only its end is news.
@@ -221,7 +218,7 @@ class StepTicker:
 
     def tick(self) -> dict[str, Any] | None:
         now = self.snapshot()
-        d = changes(self.last, now) if self.last else None
+        d = changes(self.last, now)
         self.last = now
         return d
 
@@ -268,7 +265,7 @@ class ItemTicker:
     def tick(self) -> dict[str, Any] | None:
         snap, record, loc = self.snapshot()
         out: dict[str, Any] = {}
-        d = changes(self.last, snap) if self.last else None
+        d = changes(self.last, snap)
         if d:
             out.update(d)
         self.last = snap
@@ -300,9 +297,8 @@ class ItemTicker:
                 self.finished_sent = True
         return out or None
 
-    def prime(self, snap: dict[str, Any], offsets: dict[tuple[int, str], int],
-              finished: bool) -> None:
-        self.last = snap
+    def prime(self, offsets: dict[tuple[int, str], int], finished: bool) -> None:
+        """Where the page's copies of the logs end, and whether it showed a finished item."""
         self.primed_unfinished = not finished
         for k, off in offsets.items():
             self.logs[k] = LogFollow(off)

@@ -62,7 +62,9 @@ class UIServer:
 
 def bind(port: int) -> socket.socket:
     """A listening socket on 127.0.0.1:port, or a UserError that says what to do."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on sockets that say
+    # so, and without it every keep-alive answer waits out a 40 ms delayed ACK.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(("127.0.0.1", port))

@@ -527,6 +527,8 @@
       for (const id of p.new || []) {
         const r = p.rows[id];
         known[id] = r;
+        const have = $("tr[data-run=\"" + CSS.escape(id) + "\"]", tbody);
+        if (have) { update(have, r, r); continue; }
         const tr = rowEl(r);
         const pos = p.order.indexOf(id);
         const next = p.order.slice(pos + 1).map((k) => $("tr[data-run=\"" + CSS.escape(k) + "\"]", tbody)).find(Boolean);
