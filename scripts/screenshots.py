@@ -154,11 +154,15 @@ def main() -> None:
     finally:
         ui.terminate()
         ui.wait(10)
-        for i in range(6):
-            d = items / str(i) / "work"
-            if d.is_dir():
-                (d / "release").write_text("go")
-        live.wait(60)
+        deadline = time.monotonic() + 120
+        while live.poll() is None and time.monotonic() < deadline:
+            for d in items.glob("*/work"):
+                if not (d / "release").exists():
+                    (d / "release").write_text("go")
+            time.sleep(0.1)
+        if live.poll() is None:
+            os.killpg(live.pid, signal.SIGKILL)
+            live.wait()
         shutil.rmtree(work, ignore_errors=True)
 
 
