@@ -441,7 +441,8 @@ class UI:
         return self.stream(request, ticker.tick)
 
     async def live_run(self, request: Request) -> Response:
-        ticker = live.RunTicker(self.store, self.folds, self.reuse, request.path_params["run"])
+        ticker = live.RunTicker(self.store, self.folds, self.reuse, request.path_params["run"],
+                                self.final)
         return self.stream(request, ticker.tick)
 
     async def live_step(self, request: Request) -> Response:
@@ -450,7 +451,8 @@ class UI:
         ticker = live.StepTicker(self.store, self.folds, request.path_params["run"],
                                  request.path_params["step"],
                                  int(q["page"]) if q.get("page", "").isdigit() else 0,
-                                 limit if limit in PAGE_SIZES else 100, q.get("filter", ""))
+                                 limit if limit in PAGE_SIZES else 100, q.get("filter", ""),
+                                 self.final)
         if ticker.filter and ticker.filter not in items.FILTERS \
                 and ticker.filter not in items.DERIVED:
             return PlainTextResponse("unknown filter\n", 400)

@@ -18,7 +18,10 @@ from stockade.runner.runs import state
 from stockade.runner.status import RunStatus
 from stockade.store.base import RunRecord, Store
 from stockade.web import items as itemsmod
+from stockade.web.detail import item_url
 from stockade.web.model import (
+    FAILED,
+    FinalCache,
     Folds,
     Reuse,
     RunRows,
@@ -108,6 +111,7 @@ class RunTicker:
     folds: Folds
     reuse: Reuse
     run_id: str
+    final: FinalCache | None = None
     last: dict[str, Any] = field(default_factory=dict)
     failures_seen: set[str] = field(default_factory=set)
     spans_after: float | None = None
@@ -119,8 +123,12 @@ class RunTicker:
         record = self.store.get_run(self.run_id)
         if record is None:
             return {"gone": True}, []
-        reused, self.reuse_done = self.reuse.scan(self.store, record)
-        steps, status = step_views(self.store, record, self.folds, reused=reused)
+        if self.reuse_done and record.status != "running":
+            reused = self.reuse.cached(record.run_id)
+        else:
+            reused, self.reuse_done = self.reuse.scan(self.store, record)
+        steps, status = step_views(self.store, record, self.folds, reused=reused,
+                                   cache=self.final)
         fold = self.folds.get(self.run_id)
         snap = {"run": run_json(record, status), "usage": dict(fold.usage),
                 "steps": {s.id: {k: v for k, v in s.to_json().items()
@@ -173,17 +181,17 @@ class RunTicker:
 def failures(store: Store, folds: Folds, record: RunRecord, steps: list[Any],
              limit: int = FAILURES_SHOWN) -> list[dict[str, Any]]:
     """The first failed items of the run, in step order, with their stderr's last lines."""
-    from stockade.runner.history import _tail
-    from stockade.web.detail import item_url
-    from stockade.web.model import FAILED
-
     out: list[dict[str, Any]] = []
     for s in steps:
         if len(out) >= limit or not s.counts.get("failed"):
             continue
         for rec in store.item_page(record.run_id, s.id, limit=limit - len(out), statuses=FAILED):
-            idir = itemsmod.idir_of(record, itemsmod.Located(rec.step, rec.item, rec.label, rec))
-            tail = _tail(idir.attempt_dir(rec.attempt) / "stderr") if rec.attempt else ""
+            tail = ""
+            if rec.attempt:
+                data, _, _ = itemsmod.read_log(record, rec.step, rec.item, rec.attempt, "stderr",
+                                               None, 4096)
+                text = data.decode("utf-8", errors="replace").rstrip("\n")
+                tail = "\n".join(text.splitlines()[-10:])
             out.append({"url": item_url(record.run_id, rec.step, rec.label), "step": rec.step,
                         "key": rec.label, "status": rec.status, "attempt": rec.attempt,
                         "message": rec.message, "stderr": tail})
@@ -202,15 +210,19 @@ class StepTicker:
     page: int
     limit: int
     filter: str
+    final: FinalCache | None = None
     last: dict[str, Any] = field(default_factory=dict)
 
     def snapshot(self) -> dict[str, Any]:
         record = self.store.get_run(self.run_id)
         if record is None:
             return {"gone": True}
+        views, status = step_views(self.store, record, self.folds, cache=self.final)
+        tallies = self.final.get("tallies", record, status,
+                                 lambda: self.store.step_tallies(record.run_id)) \
+            if self.final is not None else None
         sp = itemsmod.step_page(self.store, self.folds, record, self.step, page=self.page,
-                                limit=self.limit, filter=self.filter)
-        views, status = step_views(self.store, record, self.folds)
+                                limit=self.limit, filter=self.filter, tallies=tallies)
         counts = next((v.to_json() for v in views if v.id == self.step), {})
         return {"run": run_json(record, status), "status": sp.status, "total": sp.total,
                 "matching": sp.matching, "counts": counts,
