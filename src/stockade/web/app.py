@@ -10,11 +10,8 @@ the CLI.
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -41,10 +38,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stockade.errors import UserError
 from stockade.runner.history import read_manifest
-from stockade.runner.runs import resolve_run, run_path, signal_cancel, state
+from stockade.runner.runs import resolve_run, state
 from stockade.runner.status import RunStatus
 from stockade.store.base import RunRecord, Store
-from stockade.web import detail, items, live, model
+from stockade.web import actions, detail, items, live, model
 from stockade.workspace.beneath import Refused, Walker, sha256_fd
 
 #: Seconds between two looks at the store for one event stream.
@@ -467,59 +464,11 @@ class UI:
 
     # -- actions ---------------------------------------------------------------
 
-    def _authorised(self, request: Request) -> str | None:
-        if not self.s.allow_actions:
-            return "actions are off: start the server with `stockade ui --allow-actions`"
-        given = request.headers.get("x-stockade-token", "")
-        if not given or not hmac.compare_digest(given.encode(), self.s.token.encode()):
-            return "missing or wrong action token (reload the page)"
-        origin = request.headers.get("origin")
-        port = int((request.scope.get("server") or ("", 0))[1] or 0)
-        if origin is not None and not allowed_host(origin.removeprefix("http://"), port):
-            return f"cross-origin request from {origin} refused"
-        return None
-
     def cancel(self, request: Request) -> Response:
-        why = self._authorised(request)
-        if why:
-            return JSONResponse({"ok": False, "error": why}, 403)
-        try:
-            record = self.run_of(request.path_params["run"])
-            holder = signal_cancel(record)
-        except UserError as exc:
-            return JSONResponse({"ok": False, "error": str(exc)}, 409)
-        return JSONResponse({"ok": True, "message": f"cancelling {record.run_id} (engine pid "
-                                                    f"{holder.pid})"}, 202)
+        return actions.cancel(self.s, request)
 
     def resume(self, request: Request) -> Response:
-        why = self._authorised(request)
-        if why:
-            return JSONResponse({"ok": False, "error": why}, 403)
-        try:
-            record = self.run_of(request.path_params["run"])
-        except UserError as exc:
-            return JSONResponse({"ok": False, "error": str(exc)}, 404)
-        st = state(record)
-        if st is RunStatus.RUNNING:
-            return JSONResponse({"ok": False, "error": f"run {record.run_id} is running"}, 409)
-        if st is RunStatus.SUCCEEDED:
-            return JSONResponse({"ok": False, "error": f"run {record.run_id} succeeded; "
-                                                       "nothing to resume"}, 409)
-        argv = (self.s.resume_argv or default_resume_argv)(record)
-        log = run_path(record) / "ui-resume.log"
-        with open(log, "ab") as out:
-            # Detached: the run outlives this server, and Ctrl-C here never reaches it.
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    close_fds=True, cwd=Path(record.workflow_path).parent
-                                    if Path(record.workflow_path).parent.is_dir() else None)
-        return JSONResponse({"ok": True, "message": f"resuming {record.run_id} (pid {proc.pid}; "
-                                                    f"output in {log})"}, 202)
-
-
-def default_resume_argv(record: RunRecord) -> list[str]:
-    return [sys.executable, "-m", "stockade.cli.main", "resume", record.run_id,
-            "--root", record.root]
+        return actions.resume(self.s, request)
 
 
 def _pretty(value: Any, limit: int = 20_000) -> str:
