@@ -38,6 +38,7 @@ bench: $(BIN)/stockade
 	$(BIN)/python bench/bench_sandbox.py --engine
 	$(BIN)/python bench/bench_agent.py
 	$(BIN)/python bench/bench_publish.py
+	$(BIN)/python bench/bench_ui.py
 
 clean:
 	rm -rf $(VENV) .stockade .pytest_cache .mypy_cache .ruff_cache

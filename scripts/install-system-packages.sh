@@ -4,7 +4,9 @@
 # jail user), git (tree()), PostgreSQL (the store's and the sinks' tests), and
 # curl and a system python3 (steps in the tests and examples run them in jails),
 # and a C compiler with Python's headers (the landlock backend's C launcher,
-# built by pip; without them it falls back to a slower Python one).
+# built by pip; without them it falls back to a slower Python one), and
+# chromium (the web UI's browser tests drive Debian's build through Playwright;
+# Playwright's own browser download is never used).
 # Without root or passwordless sudo it only says what is missing.
 set -u
 missing=""
@@ -13,6 +15,7 @@ command -v git >/dev/null 2>&1 || missing="$missing git"
 command -v curl >/dev/null 2>&1 || missing="$missing curl"
 [ -x /usr/bin/python3 ] || missing="$missing python3"
 command -v cc >/dev/null 2>&1 || missing="$missing gcc"
+[ -x /usr/bin/chromium ] || missing="$missing chromium"
 py=${PYTHON:-python3}
 if command -v "$py" >/dev/null 2>&1 && ! "$py" -c \
   'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'

@@ -154,6 +154,118 @@ def test_events_in_order_after_id(store: Store) -> None:
     assert evs[2].data == {"k": "c"}
 
 
+# -- reading large runs a page at a time (the web UI) ------------------------------
+
+
+def _fill(store: Store, n: int = 25) -> None:
+    """Step ``s``: n items, every 5th failed (attempt 2), item i keyed ``k{i}`` and
+    started at i; step ``t``: one record made before keys (key '')."""
+    store.create_run(run())
+    batch = []
+    for i in range(n):
+        bad = i % 5 == 0
+        arts = [] if bad else [ArtifactRecord("r1", "s", i, 1, f"o{i}.txt", "ab" * 32, i)]
+        batch.append((ItemRecord("r1", "s", i, "failed" if bad else "succeeded", 2 if bad else 1,
+                                 started_at=float(i), ended_at=float(i) + 0.5, key=f"k{i}"),
+                      arts))
+    batch.append((ItemRecord("r1", "t", 7, "skipped", 0, started_at=100.0, ended_at=100.0), []))
+    store.record_batch([], batch)
+
+
+@pytest.mark.parametrize(
+    ("offset", "limit", "statuses", "expected"),
+    [
+        (0, 3, None, [0, 1, 2]),
+        (10, 4, None, [10, 11, 12, 13]),
+        (23, 10, None, [23, 24]),
+        (30, 10, None, []),
+        (0, 10, ["failed"], [0, 5, 10, 15, 20]),
+        (2, 2, ["failed"], [10, 15]),
+        (0, 3, ["succeeded", "failed"], [0, 1, 2]),
+        (0, 5, [], []),
+        (-5, 2, None, [0, 1]),
+    ],
+)
+def test_item_page_pages_and_filters(store: Store, offset: int, limit: int,
+                                     statuses: list[str] | None, expected: list[int]) -> None:
+    _fill(store)
+    page = store.item_page("r1", "s", offset=offset, limit=limit, statuses=statuses)
+    assert [i.item for i in page] == expected
+    for i in page:
+        assert i.key == f"k{i.item}"
+        assert [o.name for o in i.outputs] == ([] if i.status == "failed" else [f"o{i.item}.txt"])
+
+
+def test_item_page_from_an_index(store: Store) -> None:
+    _fill(store)
+    store.forget_item("r1", "s", 12)
+    page = store.item_page("r1", "s", from_index=10, limit=4)
+    assert [i.item for i in page] == [10, 11, 13, 14]
+    assert [i.item for i in store.item_page("r1", "s", from_index=6, statuses=["failed"])] == \
+        [10, 15, 20]
+    assert [i.item for i in store.item_page("r1", "s", from_index=20, offset=3)] == [23, 24]
+
+
+def test_item_page_caps_a_page_at_1000(store: Store) -> None:
+    store.create_run(run())
+    store.record_batch([], [(ItemRecord("r1", "s", i, "succeeded", 1), []) for i in range(1005)])
+    assert len(store.item_page("r1", "s", limit=5000)) == 1000
+
+
+def test_find_item_by_index_or_key(store: Store) -> None:
+    _fill(store)
+    by_key = store.find_item("r1", "s", key="k6")
+    assert by_key is not None and by_key.item == 6 and [o.name for o in by_key.outputs] == ["o6.txt"]
+    by_index = store.find_item("r1", "s", index=6)
+    assert by_index == by_key
+    # A record made before keys answers to its index as text, as its label shows.
+    old = store.find_item("r1", "t", key="7")
+    assert old is not None and (old.item, old.label) == (7, "7")
+    assert store.find_item("r1", "s", key="6") is None
+    assert store.find_item("r1", "s", key="nope") is None
+    assert store.find_item("r1", "s", index=99) is None
+    assert store.find_item("r2", "s", index=6) is None
+    with pytest.raises(ValueError, match="index or a key"):
+        store.find_item("r1", "s")
+
+
+def test_step_and_run_tallies(store: Store) -> None:
+    _fill(store)
+    store.create_run(run("r2"))
+    store.complete_item(ItemRecord("r2", "x", 0, "errored", 1, started_at=5, ended_at=6), [])
+    tallies = store.step_tallies("r1")
+    assert sorted(tallies) == ["s", "t"]
+    s = tallies["s"]
+    assert (s.counts, s.total) == ({"failed": 5, "succeeded": 20}, 25)
+    assert (s.started_at, s.ended_at) == (0.0, 24.5)
+    assert tallies["t"].counts == {"skipped": 1}
+    assert store.step_tallies("nope") == {}
+    assert store.run_tallies(["r1", "r2", "r3"]) == {
+        "r1": {"failed": 5, "succeeded": 20, "skipped": 1}, "r2": {"errored": 1}}
+    assert store.run_tallies([]) == {}
+
+
+def test_item_spans_light_and_filtered(store: Store) -> None:
+    _fill(store, n=6)
+    spans = store.item_spans("r1")
+    assert [(s.step, s.item) for s in spans] == [("s", i) for i in range(6)] + [("t", 7)]
+    first = spans[0]
+    assert (first.key, first.status, first.attempt, first.started_at, first.ended_at) == \
+        ("k0", "failed", 2, 0.0, 0.5)
+    assert spans[-1].key == "7"
+    assert [s.item for s in store.item_spans("r1", step="s", ended_after=3.0)] == [3, 4, 5]
+    assert [s.item for s in store.item_spans("r1", ended_after=6.0)] == [7]
+
+
+def test_events_of_runs_and_kinds(store: Store) -> None:
+    for rid, kind in [("r1", "a"), ("r2", "a"), ("r1", "b"), ("r3", "a"), ("r1", "c")]:
+        store.add_event(Event(rid, 1.0, kind, {"r": rid}))
+    got = store.events_of(["r1", "r2"], ["a", "c"])
+    assert [(e.run_id, e.kind) for e in got] == [("r1", "a"), ("r2", "a"), ("r1", "c")]
+    assert [e.kind for e in store.events_of(["r1"], ["a", "c"], after_id=got[0].id)] == ["c"]
+    assert store.events_of([], ["a"]) == [] and store.events_of(["r1"], []) == []
+
+
 # -- leases (injected clock) ----------------------------------------------------
 
 T0 = 1_000_000.0
@@ -431,3 +543,16 @@ def test_reuse_candidates_newest_first_with_outputs(store: Store) -> None:
     assert len(store.reuse_candidates(["k"], limit=1)["k"]) == 1
     many = [f"k{i}" for i in range(1200)]
     assert store.reuse_candidates(many) == {}
+
+
+def test_reused_counts_per_step(store: Store) -> None:
+    store.create_run(run())
+    origin = {"run_id": "r0", "step": "a", "item": 0, "attempt": 1}
+    store.record_batch([], [
+        (ItemRecord("r1", "a", 0, "succeeded", 1, reused_from=origin), []),
+        (ItemRecord("r1", "a", 1, "succeeded", 1, reused_from=origin), []),
+        (ItemRecord("r1", "a", 2, "succeeded", 1), []),
+        (ItemRecord("r1", "b", 0, "succeeded", 1, reused_from=origin), []),
+    ])
+    assert store.reused_counts("r1") == {"a": 2, "b": 1}
+    assert store.reused_counts("nope") == {}

@@ -7,9 +7,6 @@ None of them ever touches a running run: ``gc`` and ``rm`` skip or refuse it,
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import time
 
 import click
@@ -17,9 +14,16 @@ import click
 from stockade.cli.browse import _store, _when
 from stockade.cli.main import _root, friendly, root_option
 from stockade.errors import UserError
-from stockade.runner.runs import parse_age, remove_run, resolve_run, retention, run_path, state
-from stockade.runner.status import RunStatus
-from stockade.workspace.runlock import is_held, read_holder
+from stockade.runner.runs import (
+    parse_age,
+    remove_run,
+    resolve_run,
+    retention,
+    run_path,
+    signal_cancel,
+    state,
+)
+from stockade.workspace.runlock import is_held
 
 #: How long ``cancel`` waits for the engine to let go of its run.
 CANCEL_WAIT = 60.0
@@ -69,23 +73,8 @@ def cancel(run_id: str, root: str | None) -> None:
     """Stop a running run from another terminal; it ends as interrupted, resumable."""
     store = _store(_root(root).resolve())
     record = resolve_run(store, run_id)
-    st = state(record)
-    if st is not RunStatus.RUNNING:
-        raise UserError(f"run {record.run_id} is not running ({st}); nothing to cancel")
+    holder = signal_cancel(record)
     path = run_path(record)
-    holder = read_holder(path)
-    if holder is None or not is_held(path):
-        raise UserError(f"run {record.run_id} has no live engine here to cancel")
-    if holder.host != socket.gethostname():
-        raise UserError(f"run {record.run_id} is executed on {holder.host} (pid {holder.pid}); "
-                        "cancel it there")
-    try:
-        os.kill(holder.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        raise UserError(f"run {record.run_id}: its engine (pid {holder.pid}) is gone") from None
-    except PermissionError:
-        raise UserError(f"run {record.run_id}: not allowed to signal its engine "
-                        f"(pid {holder.pid}); run cancel as the same user") from None
     click.echo(f"cancelling {record.run_id} (engine pid {holder.pid}) ...")
     deadline = time.monotonic() + CANCEL_WAIT
     while is_held(path) and time.monotonic() < deadline:

@@ -396,6 +396,11 @@ class Engine:
         self.reporter.step_started(action.step, action.items)
         self._event("step_started", {"step": action.step, "items": action.items})
         sr = self.steps[action.step]
+        keys = [it.key for it in sr.items]
+        if any(k != str(n) for n, k in enumerate(keys)):
+            # Records carry keys only once items finish: the web UI names the
+            # running and pending ones from this (their indexes when absent).
+            self._event("item_keys", {"step": action.step, "keys": keys})
         for index in sr.results:
             it = sr.items[index]
             self.reporter.item_finished(action.step, it.key, "kept", 0, "verified, not rerun")

@@ -214,25 +214,29 @@ def log(store: Store, record: RunRecord, item: ItemRecord, which: str, attempt: 
 
 
 def provenance_chain(store: Store, record: RunRecord, item: ItemRecord, output: str | None,
-                     *, kind: str) -> dict[str, Any]:
-    """The ``why`` of an item's outputs: each input, the item that made it, recursively."""
+                     *, kind: str, max_items: int | None = None) -> dict[str, Any]:
+    """The ``why`` of an item's outputs: each input, the item that made it, recursively.
+
+    ``max_items`` bounds how many producing items are read (the web UI's graph of
+    an item fed by 10,000 others); inputs past it are listed without ``from``.
+    """
     label = f"{item.step}/{item.label}"
     if kind == "keep":
         raise UserError(f"{label} is a decision of a keep: step; it makes no files "
                         "(see `stockade show` for its decision and the item it kept)")
     if kind == "publish":
-        return _publish_node(store, record, item)
+        return _publish_node(store, record, item, max_items)
     name = output.removeprefix("out/") if output else None
     if name is not None:
         names = [o.name for o in item.outputs]
         if name not in names:
             listed = ", ".join(f"out/{n}" for n in names) or "none"
             raise UserError(f"{label} has no output {output!r} (its outputs: {listed})")
-    return _chain(store, record.run_id, item.step, item.item, name, 0, set())
+    return _chain(store, record.run_id, item.step, item.item, name, 0, set(), max_items)
 
 
 def _chain(store: Store, run_id: str, step: str, index: int, output: str | None, depth: int,
-           seen: set[tuple[str, str, int]]) -> dict[str, Any]:
+           seen: set[tuple[str, str, int]], max_items: int | None = None) -> dict[str, Any]:
     rec = store.get_item(run_id, step, index)
     prov = None if rec is None else attempt_provenance(store, run_id, step, index, rec.attempt)
     if prov is None:
@@ -255,21 +259,22 @@ def _chain(store: Store, run_id: str, step: str, index: int, output: str | None,
         if inp.kind == "artifact" and depth < 50:
             src_run = str(src.get("run_id", run_id))
             key = (src_run, str(src["step"]), int(src["item"]))
-            if key not in seen:
+            if key not in seen and (max_items is None or len(seen) < max_items):
                 with contextlib.suppress(UserError):
                     entry["from"] = _chain(store, src_run, str(src["step"]), int(src["item"]),
-                                           str(src["name"]), depth + 1, seen)
+                                           str(src["name"]), depth + 1, seen, max_items)
         node["inputs"].append(entry)
     if reused and depth < 50:
         # Across runs: where the reused outputs were made.
         origin = (str(reused.get("run_id")), str(reused.get("step")), int(reused.get("item", 0)))
         if origin not in seen:
             with contextlib.suppress(UserError, ValueError, TypeError):
-                node["reused"] = _chain(store, *origin, output, depth + 1, seen)
+                node["reused"] = _chain(store, *origin, output, depth + 1, seen, max_items)
     return node
 
 
-def _publish_node(store: Store, record: RunRecord, item: ItemRecord) -> dict[str, Any]:
+def _publish_node(store: Store, record: RunRecord, item: ItemRecord,
+                  max_items: int | None = None) -> dict[str, Any]:
     pub: Mapping[str, Any] = {}
     for a in store.attempts(record.run_id, item.step, item.item):
         if a.attempt == item.attempt and a.provenance:
@@ -281,10 +286,13 @@ def _publish_node(store: Store, record: RunRecord, item: ItemRecord) -> dict[str
         "publish": dict(pub), "effect": effect.__dict__ if effect else None,
         "payload_artifacts": [],
     }
+    seen: set[tuple[str, str, int]] = set()
     for ref in pub.get("payload_artifacts") or []:
         entry = dict(ref)
-        with contextlib.suppress(UserError, KeyError, ValueError, TypeError):
-            entry["from"] = _chain(store, record.run_id, str(ref["step"]), int(ref["item"]),
-                                   str(ref["name"]), 1, set())
+        if max_items is None or len(seen) < max_items:
+            with contextlib.suppress(UserError, KeyError, ValueError, TypeError):
+                entry["from"] = _chain(store, record.run_id, str(ref["step"]), int(ref["item"]),
+                                       str(ref["name"]), 1, seen if max_items else set(),
+                                       max_items)
         node["payload_artifacts"].append(entry)
     return node

@@ -12,7 +12,9 @@ Must not import the engine or the CLI.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ from stockade.errors import UserError
 from stockade.runner.status import RunStatus
 from stockade.store.base import ItemRecord, RunRecord, Store
 from stockade.workspace.layout import RunDir
-from stockade.workspace.runlock import is_held, read_holder
+from stockade.workspace.runlock import Holder, is_held, read_holder
 
 MIN_PREFIX = 4
 
@@ -148,6 +150,32 @@ def remove_run(store: Store, record: RunRecord) -> None:
     if path.exists():
         shutil.rmtree(path)
     store.delete_run(record.run_id)
+
+
+def signal_cancel(record: RunRecord) -> Holder:
+    """Ask a running run's engine to stop (SIGTERM: it ends the run as ``interrupted``).
+
+    Returns the engine that was signalled; refuses (``UserError``) a run that is
+    not running, has no live engine here, or runs on another machine.
+    """
+    st = state(record)
+    if st is not RunStatus.RUNNING:
+        raise UserError(f"run {record.run_id} is not running ({st}); nothing to cancel")
+    path = run_path(record)
+    holder = read_holder(path)
+    if holder is None or not is_held(path):
+        raise UserError(f"run {record.run_id} has no live engine here to cancel")
+    if holder.host != socket.gethostname():
+        raise UserError(f"run {record.run_id} is executed on {holder.host} (pid {holder.pid}); "
+                        "cancel it there")
+    try:
+        os.kill(holder.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        raise UserError(f"run {record.run_id}: its engine (pid {holder.pid}) is gone") from None
+    except PermissionError:
+        raise UserError(f"run {record.run_id}: not allowed to signal its engine "
+                        f"(pid {holder.pid}); run cancel as the same user") from None
+    return holder
 
 
 def parse_age(text: str) -> float:

@@ -16,12 +16,14 @@ from stockade.store.base import (
     Event,
     FenceCheck,
     ItemRecord,
+    ItemSpan,
     Lease,
     PublishRecord,
     ReuseCandidate,
     ReuseEntry,
     RunExists,
     RunRecord,
+    StepTally,
     Store,
 )
 from stockade.store.sqlite import SQLiteStore
@@ -34,6 +36,7 @@ __all__ = [
     "Event",
     "FenceCheck",
     "ItemRecord",
+    "ItemSpan",
     "Lease",
     "PublishRecord",
     "ReuseCandidate",
@@ -41,6 +44,7 @@ __all__ = [
     "RunExists",
     "RunRecord",
     "SQLiteStore",
+    "StepTally",
     "Store",
     "open_store",
 ]

@@ -10,7 +10,15 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from stockade.store.base import ArtifactRecord, AttemptRecord, Effect, ItemRecord, RunRecord
+from stockade.store.base import (
+    ArtifactRecord,
+    AttemptRecord,
+    Effect,
+    ItemRecord,
+    ItemSpan,
+    RunRecord,
+    StepTally,
+)
 
 
 def dump_json(value: Any) -> str:
@@ -54,3 +62,34 @@ def effect_from_row(r: Sequence[Any]) -> Effect:
         token=None if r[10] is None else int(r[10]), claimed_at=float(r[11]),
         finished_at=None if r[12] is None else float(r[12]), message=r[13],
     )
+
+
+#: The columns of an ``ItemSpan``, in its field order; a record made before keys
+#: answers to its index as text (both stores' SQL).
+SPAN_COLUMNS = ("step, item, CASE WHEN key = '' THEN CAST(item AS TEXT) ELSE key END, status, "
+                "attempt, started_at, ended_at")
+
+
+def spans_from_rows(rows: Sequence[Sequence[Any]]) -> list[ItemSpan]:
+    return list(map(ItemSpan._make, rows))
+
+
+def tallies_from_rows(rows: Sequence[Sequence[Any]]) -> dict[str, StepTally]:
+    """Rows of ``step, status, count, min(started_at), max(ended_at)``."""
+    counts: dict[str, dict[str, int]] = {}
+    spans: dict[str, tuple[float | None, float | None]] = {}
+    for step, status, n, first, last in rows:
+        counts.setdefault(step, {})[status] = int(n)
+        lo, hi = spans.get(step, (None, None))
+        lo = float(first) if lo is None else min(lo, float(first))
+        hi = float(last) if hi is None else max(hi, float(last))
+        spans[step] = (lo, hi)
+    return {s: StepTally(s, c, *spans[s]) for s, c in counts.items()}
+
+
+def run_tallies_from_rows(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, int]]:
+    """Rows of ``run_id, status, count``."""
+    out: dict[str, dict[str, int]] = {}
+    for run_id, status, n in rows:
+        out.setdefault(run_id, {})[status] = int(n)
+    return out

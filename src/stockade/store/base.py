@@ -11,8 +11,9 @@ Must not import runner, workspace, sandbox or cli.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 RUN_STATUSES = ("running", "succeeded", "failed", "interrupted", "errored")
 ITEM_STATUSES = ("succeeded", "failed", "errored", "fenced", "skipped")
@@ -185,6 +186,38 @@ class ReuseCandidate:
     result: Any = None
 
 
+@dataclass(frozen=True)
+class StepTally:
+    """How many of a step's recorded items have each status, and when they ran.
+
+    ``started_at`` is the earliest item start and ``ended_at`` the latest item
+    end among the step's records (None when it has none).
+    """
+
+    step: str
+    counts: dict[str, int]
+    started_at: float | None = None
+    ended_at: float | None = None
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+class ItemSpan(NamedTuple):
+    """The light part of an item record (no result, value or outputs): for timelines
+    and for telling which items of a step are recorded. A tuple: a 10,000-item run's
+    spans are read on every look at its timeline."""
+
+    step: str
+    item: int
+    key: str
+    status: str
+    attempt: int
+    started_at: float
+    ended_at: float
+
+
 class RunExists(Exception):
     """``create_run`` was given a run id the store already has."""
 
@@ -261,6 +294,45 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def items(self, run_id: str, step: str | None = None) -> list[ItemRecord]:
         """Completion records with their outputs, ordered by step then item."""
+
+    # -- reading large runs a page at a time (the web UI) ------------------
+
+    @abc.abstractmethod
+    def item_page(self, run_id: str, step: str, *, offset: int = 0, limit: int = 100,
+                  statuses: Sequence[str] | None = None,
+                  from_index: int = 0) -> list[ItemRecord]:
+        """One page (at most 1,000) of a step's records with their outputs, ordered by
+        item index: those with ``item >= from_index`` and, when ``statuses`` is given,
+        a status in it, skipping the first ``offset`` of them."""
+
+    @abc.abstractmethod
+    def find_item(self, run_id: str, step: str, *, index: int | None = None,
+                  key: str | None = None) -> ItemRecord | None:
+        """The record with this index, or else with this key (the label ``STEP/KEY``
+        shows, so a record made before keys is found by its index as text)."""
+
+    @abc.abstractmethod
+    def step_tallies(self, run_id: str) -> dict[str, StepTally]:
+        """Per step: the count of records by status and the span of their times."""
+
+    @abc.abstractmethod
+    def run_tallies(self, run_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+        """Per run: the count of item records by status (runs without any are absent)."""
+
+    @abc.abstractmethod
+    def item_spans(self, run_id: str, *, step: str | None = None,
+                   ended_after: float | None = None) -> list[ItemSpan]:
+        """Light records ordered by step then item; only those of ``step``, or those
+        that ended after ``ended_after``, when given."""
+
+    @abc.abstractmethod
+    def events_of(self, run_ids: Sequence[str], kinds: Sequence[str],
+                  after_id: int = 0) -> list[Event]:
+        """The events of these runs and kinds with ``id > after_id``, oldest first."""
+
+    @abc.abstractmethod
+    def reused_counts(self, run_id: str) -> dict[str, int]:
+        """Per step, how many items were taken from an earlier run."""
 
     @abc.abstractmethod
     def get_item(self, run_id: str, step: str, item: int) -> ItemRecord | None:

@@ -118,4 +118,5 @@ ALTER TABLE stockade_last_publish
 ALTER TABLE stockade_items ADD COLUMN IF NOT EXISTS key TEXT NOT NULL DEFAULT '';
 ALTER TABLE stockade_items ADD COLUMN IF NOT EXISTS reused_from TEXT;
 ALTER TABLE stockade_attempts ADD COLUMN IF NOT EXISTS provenance TEXT;
+CREATE INDEX IF NOT EXISTS stockade_items_key ON stockade_items (run_id, step, key);
 """

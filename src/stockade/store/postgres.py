@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,12 +21,16 @@ import psycopg
 
 from stockade.errors import InfraError
 from stockade.store._rows import (
+    SPAN_COLUMNS,
     attempt_from_row,
     dump_json,
     effect_from_row,
     item_from_row,
     load_json,
     run_from_row,
+    run_tallies_from_rows,
+    spans_from_rows,
+    tallies_from_rows,
 )
 from stockade.store.base import (
     ArtifactRecord,
@@ -35,12 +39,14 @@ from stockade.store.base import (
     Event,
     FenceCheck,
     ItemRecord,
+    ItemSpan,
     Lease,
     PublishRecord,
     ReuseCandidate,
     ReuseEntry,
     RunExists,
     RunRecord,
+    StepTally,
     Store,
 )
 from stockade.store.pg_schema import SCHEMA
@@ -270,6 +276,11 @@ class PostgresStore(Store):
             out.append(item_from_row(r, arts.get((r[1], r[2]), ())))
         return out
 
+    def reused_counts(self, run_id: str) -> dict[str, int]:
+        rows = self._rows("SELECT step, count(*) FROM stockade_items WHERE run_id=%s AND"
+                          " reused_from IS NOT NULL GROUP BY step", (run_id,))
+        return {str(step): int(n) for step, n in rows}
+
     def get_item(self, run_id: str, step: str, item: int) -> ItemRecord | None:
         args = (run_id, step, item)
         rows = self._rows(
@@ -281,7 +292,81 @@ class PostgresStore(Store):
             " ORDER BY name", args)]
         return item_from_row(rows[0], arts)
 
+    def _with_outputs(self, run_id: str, rows: list[tuple[Any, ...]]) -> list[ItemRecord]:
+        arts: dict[tuple[str, int], list[ArtifactRecord]] = {}
+        by_step: dict[str, list[int]] = {}
+        for r in rows:
+            by_step.setdefault(r[1], []).append(r[2])
+        for step, indexes in by_step.items():
+            for a in self._rows("SELECT * FROM stockade_artifacts WHERE run_id=%s AND step=%s"
+                                " AND item = ANY(%s) ORDER BY name", (run_id, step, indexes)):
+                arts.setdefault((a[1], a[2]), []).append(ArtifactRecord(*a))
+        return [item_from_row(r, arts.get((r[1], r[2]), ())) for r in rows]
+
+    def item_page(self, run_id: str, step: str, *, offset: int = 0, limit: int = 100,
+                  statuses: Sequence[str] | None = None,
+                  from_index: int = 0) -> list[ItemRecord]:
+        where = "run_id=%s AND step=%s AND item>=%s"
+        args: list[Any] = [run_id, step, from_index]
+        if statuses is not None:
+            where, args = where + " AND status = ANY(%s)", [*args, list(statuses)]
+        rows = self._rows(f"SELECT * FROM stockade_items WHERE {where} ORDER BY item"
+                          " LIMIT %s OFFSET %s",
+                          (*args, max(0, min(limit, 1000)), max(0, offset)))
+        return self._with_outputs(run_id, rows)
+
+    def find_item(self, run_id: str, step: str, *, index: int | None = None,
+                  key: str | None = None) -> ItemRecord | None:
+        if index is not None:
+            rows = self._rows("SELECT * FROM stockade_items WHERE run_id=%s AND step=%s"
+                              " AND item=%s", (run_id, step, index))
+        elif key is not None:
+            rows = self._rows("SELECT * FROM stockade_items WHERE run_id=%s AND step=%s"
+                              " AND key=%s", (run_id, step, key))
+            if not rows and key.isdigit() and int(key) < 2**31:
+                rows = self._rows("SELECT * FROM stockade_items WHERE run_id=%s AND step=%s"
+                                  " AND key='' AND item=%s", (run_id, step, int(key)))
+        else:
+            raise ValueError("find_item needs an index or a key")
+        found = self._with_outputs(run_id, rows[:1])
+        return found[0] if found else None
+
+    def step_tallies(self, run_id: str) -> dict[str, StepTally]:
+        return tallies_from_rows(self._rows(
+            "SELECT step, status, COUNT(*), MIN(started_at), MAX(ended_at) FROM stockade_items"
+            " WHERE run_id=%s GROUP BY step, status", (run_id,)))
+
+    def run_tallies(self, run_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+        if not run_ids:
+            return {}
+        return run_tallies_from_rows(self._rows(
+            "SELECT run_id, status, COUNT(*) FROM stockade_items WHERE run_id = ANY(%s)"
+            " GROUP BY run_id, status", (list(run_ids),)))
+
+    def item_spans(self, run_id: str, *, step: str | None = None,
+                   ended_after: float | None = None) -> list[ItemSpan]:
+        where = "run_id=%s"
+        args: list[Any] = [run_id]
+        if step is not None:
+            where, args = where + " AND step=%s", [*args, step]
+        if ended_after is not None:
+            where, args = where + " AND ended_at>%s", [*args, ended_after]
+        return spans_from_rows(self._rows(
+            f"SELECT {SPAN_COLUMNS} FROM stockade_items WHERE {where} ORDER BY step, item",
+            tuple(args)))
+
     # -- events ------------------------------------------------------------
+
+    def events_of(self, run_ids: Sequence[str], kinds: Sequence[str],
+                  after_id: int = 0) -> list[Event]:
+        if not run_ids or not kinds:
+            return []
+        rows = self._rows(
+            "SELECT id, run_id, at, kind, data FROM stockade_events WHERE run_id = ANY(%s)"
+            " AND kind = ANY(%s) AND id>%s ORDER BY id", (list(run_ids), list(kinds), after_id))
+        return [
+            Event(run_id=r[1], at=r[2], kind=r[3], data=json.loads(r[4]), id=int(r[0])) for r in rows
+        ]
 
     def add_event(self, event: Event) -> None:
         with self._tx() as cur:

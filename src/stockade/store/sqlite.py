@@ -9,18 +9,22 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from stockade.store._rows import (
+    SPAN_COLUMNS,
     attempt_from_row,
     dump_json,
     effect_from_row,
     item_from_row,
     load_json,
     run_from_row,
+    run_tallies_from_rows,
+    spans_from_rows,
+    tallies_from_rows,
 )
 from stockade.store.base import (
     ArtifactRecord,
@@ -29,12 +33,14 @@ from stockade.store.base import (
     Event,
     FenceCheck,
     ItemRecord,
+    ItemSpan,
     Lease,
     PublishRecord,
     ReuseCandidate,
     ReuseEntry,
     RunExists,
     RunRecord,
+    StepTally,
     Store,
 )
 
@@ -205,6 +211,8 @@ class SQLiteStore(Store):
             self._db.execute("ALTER TABLE items ADD COLUMN reused_from TEXT")
         if "provenance" not in {r[1] for r in self._db.execute("PRAGMA table_info(attempts)")}:
             self._db.execute("ALTER TABLE attempts ADD COLUMN provenance TEXT")
+        # After the key column exists: looking an item up by key in a 10,000-item step.
+        self._db.execute("CREATE INDEX IF NOT EXISTS items_key ON items (run_id, step, key)")
 
     # -- helpers -----------------------------------------------------------
 
@@ -300,9 +308,9 @@ class SQLiteStore(Store):
                 if len(found.get(key, [])) < limit:
                     found.setdefault(key, []).append(ReuseCandidate(
                         key, run_id, step, item, attempt, root, (), load_json(result)))
-        return {k: [self._with_outputs(c) for c in cs] for k, cs in found.items()}
+        return {k: [self._candidate_outputs(c) for c in cs] for k, cs in found.items()}
 
-    def _with_outputs(self, c: ReuseCandidate) -> ReuseCandidate:
+    def _candidate_outputs(self, c: ReuseCandidate) -> ReuseCandidate:
         rows = self._rows("SELECT * FROM artifacts WHERE run_id=? AND step=? AND item=? "
                           "ORDER BY name", (c.run_id, c.step, c.item))
         outs = tuple(ArtifactRecord(*r) for r in rows if r[3] == c.attempt)
@@ -376,6 +384,11 @@ class SQLiteStore(Store):
             out.append(item_from_row(r, arts.get((r[1], r[2]), ())))
         return out
 
+    def reused_counts(self, run_id: str) -> dict[str, int]:
+        rows = self._rows("SELECT step, count(*) FROM items WHERE run_id=? AND reused_from IS "
+                          "NOT NULL GROUP BY step", (run_id,))
+        return {str(step): int(n) for step, n in rows}
+
     def get_item(self, run_id: str, step: str, item: int) -> ItemRecord | None:
         args = (run_id, step, item)
         rows = self._rows("SELECT * FROM items WHERE run_id=? AND step=? AND item=?", args)
@@ -385,7 +398,80 @@ class SQLiteStore(Store):
             "SELECT * FROM artifacts WHERE run_id=? AND step=? AND item=? ORDER BY name", args)]
         return item_from_row(rows[0], arts)
 
+    def _with_outputs(self, run_id: str, rows: list[tuple[Any, ...]]) -> list[ItemRecord]:
+        arts: dict[tuple[str, int], list[ArtifactRecord]] = {}
+        by_step: dict[str, list[int]] = {}
+        for r in rows:
+            by_step.setdefault(r[1], []).append(r[2])
+        for step, indexes in by_step.items():
+            marks = ",".join("?" * len(indexes))
+            for a in self._rows(f"SELECT * FROM artifacts WHERE run_id=? AND step=? AND item IN "
+                                f"({marks}) ORDER BY name", (run_id, step, *indexes)):
+                arts.setdefault((a[1], a[2]), []).append(ArtifactRecord(*a))
+        return [item_from_row(r, arts.get((r[1], r[2]), ())) for r in rows]
+
+    def item_page(self, run_id: str, step: str, *, offset: int = 0, limit: int = 100,
+                  statuses: Sequence[str] | None = None,
+                  from_index: int = 0) -> list[ItemRecord]:
+        where = "run_id=? AND step=? AND item>=?"
+        args: list[Any] = [run_id, step, from_index]
+        if statuses is not None:
+            where += f" AND status IN ({','.join('?' * len(statuses))})" if statuses else " AND 0"
+            args += list(statuses)
+        rows = self._rows(f"SELECT * FROM items WHERE {where} ORDER BY item LIMIT ? OFFSET ?",
+                          (*args, max(0, min(limit, 1000)), max(0, offset)))
+        return self._with_outputs(run_id, rows)
+
+    def find_item(self, run_id: str, step: str, *, index: int | None = None,
+                  key: str | None = None) -> ItemRecord | None:
+        if index is not None:
+            rows = self._rows("SELECT * FROM items WHERE run_id=? AND step=? AND item=?",
+                              (run_id, step, index))
+        elif key is not None:
+            rows = self._rows("SELECT * FROM items WHERE run_id=? AND step=? AND key=?",
+                              (run_id, step, key))
+            if not rows and key.isdigit():
+                rows = self._rows("SELECT * FROM items WHERE run_id=? AND step=? AND key='' "
+                                  "AND item=?", (run_id, step, int(key)))
+        else:
+            raise ValueError("find_item needs an index or a key")
+        found = self._with_outputs(run_id, rows[:1])
+        return found[0] if found else None
+
+    def step_tallies(self, run_id: str) -> dict[str, StepTally]:
+        return tallies_from_rows(self._rows(
+            "SELECT step, status, COUNT(*), MIN(started_at), MAX(ended_at) FROM items "
+            "WHERE run_id=? GROUP BY step, status", (run_id,)))
+
+    def run_tallies(self, run_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+        if not run_ids:
+            return {}
+        return run_tallies_from_rows(self._rows(
+            f"SELECT run_id, status, COUNT(*) FROM items WHERE run_id IN "
+            f"({','.join('?' * len(run_ids))}) GROUP BY run_id, status", tuple(run_ids)))
+
+    def item_spans(self, run_id: str, *, step: str | None = None,
+                   ended_after: float | None = None) -> list[ItemSpan]:
+        where = "run_id=?"
+        args: list[Any] = [run_id]
+        if step is not None:
+            where, args = where + " AND step=?", [*args, step]
+        if ended_after is not None:
+            where, args = where + " AND ended_at>?", [*args, ended_after]
+        return spans_from_rows(self._rows(
+            f"SELECT {SPAN_COLUMNS} FROM items WHERE {where} ORDER BY step, item", tuple(args)))
+
     # -- events ------------------------------------------------------------
+
+    def events_of(self, run_ids: Sequence[str], kinds: Sequence[str],
+                  after_id: int = 0) -> list[Event]:
+        if not run_ids or not kinds:
+            return []
+        rows = self._rows(
+            f"SELECT id, run_id, at, kind, data FROM events WHERE run_id IN "
+            f"({','.join('?' * len(run_ids))}) AND kind IN ({','.join('?' * len(kinds))}) "
+            "AND id>? ORDER BY id", (*run_ids, *kinds, after_id))
+        return [Event(run_id=r[1], at=r[2], kind=r[3], data=json.loads(r[4]), id=r[0]) for r in rows]
 
     def add_event(self, event: Event) -> None:
         self._tx([(

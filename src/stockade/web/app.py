@@ -1,0 +1,550 @@
+"""The web UI's pages, files, event streams and actions, as one Starlette app.
+
+Pages are rendered on the server (Jinja2, autoescaped: keys, messages and logs
+are the workflow's text, never markup) with the small JSON their script needs;
+``/live/...`` streams carry only what changed. Every request must name this
+server by a loopback ``Host`` (``guard``); actions also need the per-server
+token and a same-origin ``Origin``. Must not import the engine, the sandbox or
+the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import anyio
+import jinja2
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from stockade.errors import UserError
+from stockade.runner.history import read_manifest
+from stockade.runner.runs import resolve_run, state
+from stockade.runner.status import RunStatus
+from stockade.store.base import RunRecord, Store
+from stockade.web import actions, detail, items, live, model
+from stockade.workspace.beneath import Refused, Walker, sha256_fd
+
+#: Seconds between two looks at the store for one event stream.
+TICK = 0.5
+#: A comment line this often keeps proxies and the browser from closing an idle stream.
+KEEPALIVE = 15.0
+PAGE_SIZES = (50, 100, 200, 500)
+#: Security headers on every page: nothing from elsewhere, no framing, no sniffing.
+HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+                               "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'; "
+                               "base-uri 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+
+
+def allowed_host(header: str | None, port: int) -> bool:
+    """Only the loopback names, with this server's port: a DNS-rebound page is refused."""
+    if not header:
+        return False
+    return header.strip().lower() in {f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"}
+
+
+class HostGuard:
+    """Refuses (421) every request whose ``Host`` is not this server's loopback name."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        hosts = [v.decode("latin-1") for k, v in scope["headers"] if k == b"host"]
+        server = scope.get("server") or ("", 0)
+        port = int(server[1] or 0)
+        if len(hosts) != 1 or not allowed_host(hosts[0], port):
+            body = (f"this server answers only to 127.0.0.1:{port}, localhost:{port} or "
+                    f"[::1]:{port}\n").encode()
+            await send({"type": "http.response.start", "status": 421,
+                        "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+
+@dataclass
+class Settings:
+    store: Store
+    allow_actions: bool = False
+    token: str = ""
+    #: The command that resumes a run (``stockade`` with the server's root).
+    resume_argv: Callable[[RunRecord], list[str]] | None = None
+
+
+# -- formatting for the templates ------------------------------------------------------
+
+
+def when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def dur(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 10:
+        return f"{seconds:.2f}s"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    m, s = divmod(int(seconds), 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m"
+
+
+def size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def tokens(usage: dict[str, int] | None) -> str:
+    if not usage:
+        return "-"
+    total = sum(v for k, v in usage.items() if k.endswith("_tokens"))
+    return f"{total:,}" if total else "-"
+
+
+def script_json(value: Any) -> str:
+    """JSON safe inside a <script> element (no ``</script>``, no HTML comments)."""
+    return json.dumps(value, default=str).replace("<", "\\u003c").replace(">", "\\u003e") \
+        .replace("&", "\\u0026")
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("stockade.web", "templates"),
+        autoescape=True, trim_blocks=True, lstrip_blocks=True,
+        undefined=jinja2.ChainableUndefined,
+    )
+    env.filters.update(when=when, dur=dur, size=size, tokens=tokens,
+                       q=lambda s: quote(str(s), safe=""), short=lambda h: str(h)[:12])
+    return env
+
+
+# -- the app ---------------------------------------------------------------------------
+
+
+class UI:
+    """Request handlers over one store; the caches live as long as the server."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.s = settings
+        self.store = settings.store
+        self.folds = model.Folds(self.store)
+        self.reuse = model.Reuse(self.store)
+        self.rows = model.RunRows(self.store)
+        self.final = model.FinalCache()
+        self.env = _env()
+        for name in ("runs.html", "run.html", "step.html", "item.html", "error.html"):
+            self.env.get_template(name)  # compiled now, not on someone's first look
+
+    # -- helpers ---------------------------------------------------------------
+
+    def page(self, template: str, **ctx: Any) -> HTMLResponse:
+        ctx.setdefault("token", self.s.token if self.s.allow_actions else "")
+        ctx.setdefault("crumbs", [])
+        ctx["data_json"] = script_json(ctx.pop("data", {}))
+        html = self.env.get_template(template).render(**ctx)
+        return HTMLResponse(html, headers=HEADERS)
+
+    def error(self, status: int, message: str) -> HTMLResponse:
+        html = self.env.get_template("error.html").render(
+            status=status, message=message, crumbs=[], token="", title="error")
+        return HTMLResponse(html, status_code=status, headers=HEADERS)
+
+    def run_of(self, text: str) -> RunRecord:
+        return resolve_run(self.store, text)
+
+    # -- pages -----------------------------------------------------------------
+
+    def runs_page(self, request: Request) -> Response:
+        status = request.query_params.get("status") or None
+        workflow = request.query_params.get("workflow") or None
+        rows = [r.to_json() for r in self.rows.rows(status=status, workflow=workflow)]
+        live_url = "/live/runs?" + "&".join(
+            f"{k}={quote(v)}" for k, v in (("status", status), ("workflow", workflow)) if v)
+        return self.page("runs.html", title="runs", page="runs", rows=rows, status=status or "",
+                         workflow=workflow or "", workflows=model.workflows(self.store),
+                         statuses=[str(s) for s in RunStatus], live=live_url,
+                         data={"rows": rows})
+
+    def run_page(self, request: Request) -> Response:
+        text = request.path_params["run"]
+        try:
+            record = self.run_of(text)
+        except UserError as exc:
+            return self.error(404, str(exc))
+        if record.run_id != text:
+            return RedirectResponse(f"/runs/{quote(record.run_id)}", status_code=307)
+        manifest = read_manifest(record)
+        steps, st = model.step_views(self.store, record, self.folds, manifest=manifest,
+                                     reused=self.reuse.cached(record.run_id), cache=self.final)
+        fold = self.folds.get(record.run_id)
+        fails = live.failures(self.store, self.folds, record, steps)
+        run = live.run_json(record, st)
+        return self.page(
+            "run.html", title=record.run_id, page="run", record=record, status=str(st),
+            run=run, steps=[s.to_json() for s in steps], usage=fold.usage, failures=fails,
+            vars_json=json.dumps(manifest.get("vars") or {}, indent=2, ensure_ascii=False),
+            sandbox=manifest.get("sandbox") or {"backend": record.sandbox,
+                                                "enforced": record.enforced},
+            manifest=manifest, live=f"/live/runs/{quote(record.run_id)}",
+            crumbs=[(record.run_id, "")],
+            data={"run_id": record.run_id, "run": run,
+                  "steps": [s.to_json() for s in steps], "started_at": record.started_at,
+                  "failures": [f["url"] for f in fails]})
+
+    def step_page(self, request: Request) -> Response:
+        try:
+            record = self.run_of(request.path_params["run"])
+        except UserError as exc:
+            return self.error(404, str(exc))
+        step = request.path_params["step"]
+        q = request.query_params
+        filt = q.get("filter", "")
+        if filt and filt not in items.FILTERS and filt not in items.DERIVED:
+            return self.error(400, f"unknown filter {filt!r}: use one of "
+                                   f"{', '.join([*items.FILTERS, *items.DERIVED])}")
+        limit = int(q["limit"]) if q.get("limit", "").isdigit() else 100
+        limit = limit if limit in PAGE_SIZES else 100
+        page = int(q["page"]) - 1 if q.get("page", "").isdigit() and int(q["page"]) > 0 else 0
+        steps, st = model.step_views(self.store, record, self.folds,
+                                     reused=self.reuse.cached(record.run_id), cache=self.final)
+        view = next((s for s in steps if s.id == step), None)
+        if view is None:
+            known = ", ".join(s.id for s in steps) or "none"
+            return self.error(404, f"run {record.run_id} has no step {step!r} (steps: {known})")
+        tallies = self.final.get("tallies", record, st,
+                                 lambda: self.store.step_tallies(record.run_id))
+        sp = items.step_page(self.store, self.folds, record, step, page=page, limit=limit,
+                             filter=filt, tallies=tallies)
+        base = f"/runs/{quote(record.run_id)}/{quote(step)}"
+        rows = [r.to_json() for r in sp.rows]
+        # Formatted here, not by template filters: a 500-row page stays a few milliseconds.
+        shown = [{**r, "href": f"{base}/{quote(r['key'], safe='')}", "when": when(r["started_at"])
+                  if r["started_at"] else "-",
+                  "dur": dur(r["ended_at"] - r["started_at"]) if r["started_at"] and r["ended_at"]
+                  else "-"} for r in rows]
+        return self.page(
+            "step.html", title=f"{step} · {record.run_id}", page="step", record=record,
+            run=live.run_json(record, st), step=view.to_json(), sp=sp, rows=shown, base=base,
+            filters=["", "done", "running", "pending", "failed", "retried", "skipped",
+                     "interrupted"],
+            page_sizes=PAGE_SIZES,
+            live=f"/live{base}?page={sp.page}&limit={sp.limit}&filter={quote(filt)}",
+            crumbs=[(record.run_id, f"/runs/{quote(record.run_id)}"), (step, "")],
+            data={"run_id": record.run_id, "step": step, "base": base, "rows": rows,
+                  "started_at": record.started_at, "counts": view.to_json()})
+
+    def item_page(self, request: Request) -> Response:
+        try:
+            record = self.run_of(request.path_params["run"])
+        except UserError as exc:
+            return self.error(404, str(exc))
+        step, key = request.path_params["step"], request.path_params["key"]
+        loc = items.locate(self.store, self.folds, record, step, key)
+        if loc is None:
+            return self.error(404, f"run {record.run_id} has no item {step}/{key}")
+        st = state(record)
+        livenow = st is RunStatus.RUNNING
+        atts = items.attempts_of(self.store, record, loc, livenow)
+        idir = items.idir_of(record, loc)
+        q = request.query_params
+        chosen = int(q["attempt"]) if q.get("attempt", "").isdigit() else (
+            loc.record.attempt if loc.record and loc.record.attempt else
+            (atts[-1].number if atts else 0))
+        kind = items.kind(record, step)
+        base = detail.item_url(record.run_id, step, loc.key)
+        prov = detail.provenance_of(self.store, record, step, loc.index, chosen)
+        adir = idir.attempt_dir(chosen) if chosen else None
+        shown = [a for a in atts if a.number == chosen] or atts[-1:]
+        logs = {}
+        offsets = []
+        for a in atts[-5:]:
+            for stream in ("stdout", "stderr"):
+                data, start, sz = items.read_log(record, step, loc.index, a.number, stream)
+                logs[f"{a.number}:{stream}"] = {"text": data.decode("utf-8", errors="replace"),
+                                                "start": start, "size": sz}
+                offsets.append(f"{a.number}:{stream}:{sz}")
+        status = loc.record.status if loc.record else items.unfinished_row(
+            record, self.folds.get(record.run_id), step, loc.index,
+            {loc.index} if livenow and atts else set()).status
+        rec = loc.record
+        chain = detail.chain_graph(self.store, record, rec, kind) if rec else \
+            {"nodes": [], "edges": [], "note": "the chain is drawn when the item has finished"}
+        ctx = dict(
+            title=f"{step}/{loc.key} · {record.run_id}", page="item", record=record,
+            run=live.run_json(record, st), step=step, loc=loc, rec=rec, status=status, kind=kind,
+            attempts=atts, chosen=chosen, shown=shown, logs=logs, base=base,
+            inputs=detail.inputs_of(prov, base, chosen),
+            outputs=detail.outputs_of(rec, prov, chosen, base) if chosen else [],
+            provenance=prov, chain=chain,
+            transcript=detail.transcript(adir) if adir and kind == "agent" else None,
+            publish=detail.publish_outcome(self.store, record, rec, chosen)
+            if kind == "publish" else None,
+            value_json=_pretty(rec.value) if rec else "",
+            result_json=_pretty(rec.result) if rec else "",
+            live=f"/live{base}?logs={','.join(offsets)}&finished={1 if rec else 0}",
+            crumbs=[(record.run_id, f"/runs/{quote(record.run_id)}"),
+                    (step, f"/runs/{quote(record.run_id)}/{quote(step)}"), (loc.key, "")],
+            data={"run_id": record.run_id, "base": base, "chain": chain,
+                  "started_at": record.started_at},
+        )
+        return self.page("item.html", **ctx)
+
+    # -- files -----------------------------------------------------------------
+
+    def file(self, request: Request) -> Response:
+        try:
+            record = self.run_of(request.path_params["run"])
+        except UserError as exc:
+            return PlainTextResponse(str(exc) + "\n", 404)
+        step, key = request.path_params["step"], request.path_params["key"]
+        which, name = request.path_params["which"], request.path_params["name"]
+        loc = items.locate(self.store, self.folds, record, step, key)
+        if loc is None:
+            return PlainTextResponse(f"no item {step}/{key}\n", 404)
+        idir = items.idir_of(record, loc)
+        q = request.query_params
+        attempt = int(q["attempt"]) if q.get("attempt", "").isdigit() else (
+            loc.record.attempt if loc.record else 0)
+        prov = detail.provenance_of(self.store, record, step, loc.index, attempt)
+        if which == "out":
+            listed = {o["name"]: o["sha256"]
+                      for o in detail.outputs_of(loc.record, prov, attempt, "")}
+            folder = detail.out_dir(idir, attempt)
+        elif which == "in":
+            listed = {i.name: i.sha256 for i in (prov.inputs if prov else ())
+                      if i.kind not in ("tree",)}
+            folder = detail.work_dir(idir, attempt)
+        else:
+            return PlainTextResponse("files/out/NAME or files/in/NAME\n", 404)
+        if name not in listed:
+            return PlainTextResponse(
+                f"{step}/{loc.key} attempt {attempt} has no {'output' if which == 'out' else 'input'}"
+                f" {name!r}\n", 404)
+        return _send_verified(folder, name, listed[name])
+
+    def log(self, request: Request) -> Response:
+        try:
+            record = self.run_of(request.path_params["run"])
+        except UserError as exc:
+            return PlainTextResponse(str(exc) + "\n", 404)
+        step, key = request.path_params["step"], request.path_params["key"]
+        stream = request.path_params["stream"]
+        loc = items.locate(self.store, self.folds, record, step, key)
+        if loc is None or stream not in ("stdout", "stderr"):
+            return PlainTextResponse("no such log\n", 404)
+        idir = items.idir_of(record, loc)
+        n = int(request.path_params["attempt"])
+        path = idir.stdout(n) if stream == "stdout" else idir.stderr(n)
+        try:
+            f = open(path, "rb")  # noqa: SIM115 - closed by the iterator
+        except OSError:
+            return PlainTextResponse(f"no {stream} for attempt {request.path_params['attempt']}\n",
+                                     404)
+        return StreamingResponse(_chunks(f.fileno(), f.close), media_type="text/plain; charset=utf-8",
+                                 headers={**HEADERS, "Content-Disposition": "inline"})
+
+    # -- JSON ------------------------------------------------------------------
+
+    def api_runs(self, request: Request) -> Response:
+        return JSONResponse([r.to_json() for r in self.rows.rows(limit=200)], headers=HEADERS)
+
+    def api_run(self, request: Request) -> Response:
+        try:
+            record = self.run_of(request.path_params["run"])
+        except UserError as exc:
+            return JSONResponse({"error": str(exc)}, 404)
+        steps, st = model.step_views(self.store, record, self.folds)
+        fold = self.folds.get(record.run_id)
+        return JSONResponse({"run": {**record.__dict__, **live.run_json(record, st)},
+                             "usage": fold.usage, "steps": [s.to_json() for s in steps]},
+                            headers=HEADERS)
+
+    def api_timeline(self, request: Request) -> Response:
+        try:
+            record = self.run_of(request.path_params["run"])
+        except UserError as exc:
+            return JSONResponse({"error": str(exc)}, 404)
+        def compute() -> str:
+            steps, _ = model.step_views(self.store, record, self.folds, cache=self.final)
+            return json.dumps(model.timeline(self.store, record, steps), separators=(",", ":"))
+
+        body = self.final.get("timeline", record, state(record), compute)
+        return Response(body, media_type="application/json", headers=HEADERS)
+
+    # -- event streams ---------------------------------------------------------
+
+    def stream(self, request: Request, tick: Callable[[], dict[str, Any] | None]) -> Response:
+        async def events() -> AsyncIterator[str]:
+            yield "retry: 2000\n\n"
+            quiet = 0.0
+            while True:
+                patch = await anyio.to_thread.run_sync(tick)
+                if patch:
+                    quiet = 0.0
+                    yield f"event: patch\ndata: {json.dumps(patch, default=str)}\n\n"
+                elif quiet >= KEEPALIVE:
+                    quiet = 0.0
+                    yield ": keepalive\n\n"
+                await anyio.sleep(TICK)
+                quiet += TICK
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store",
+                                          "X-Accel-Buffering": "no"})
+
+    # The streams' first tick sends the whole small state (the page applies it as it
+    # would any change), so nothing that changed between drawing and connecting is lost.
+
+    async def live_runs(self, request: Request) -> Response:
+        q = request.query_params
+        ticker = live.RunsTicker(self.rows, q.get("status") or None, q.get("workflow") or None)
+        return self.stream(request, ticker.tick)
+
+    async def live_run(self, request: Request) -> Response:
+        ticker = live.RunTicker(self.store, self.folds, self.reuse, request.path_params["run"],
+                                self.final)
+        return self.stream(request, ticker.tick)
+
+    async def live_step(self, request: Request) -> Response:
+        q = request.query_params
+        limit = int(q["limit"]) if q.get("limit", "").isdigit() else 100
+        ticker = live.StepTicker(self.store, self.folds, request.path_params["run"],
+                                 request.path_params["step"],
+                                 int(q["page"]) if q.get("page", "").isdigit() else 0,
+                                 limit if limit in PAGE_SIZES else 100, q.get("filter", ""),
+                                 self.final)
+        if ticker.filter and ticker.filter not in items.FILTERS \
+                and ticker.filter not in items.DERIVED:
+            return PlainTextResponse("unknown filter\n", 400)
+        return self.stream(request, ticker.tick)
+
+    async def live_item(self, request: Request) -> Response:
+        q = request.query_params
+        ticker = live.ItemTicker(self.store, self.folds, request.path_params["run"],
+                                 request.path_params["step"], request.path_params["key"])
+        ticker.prime(live.parse_offsets(q.get("logs", "")), q.get("finished") == "1")
+        return self.stream(request, ticker.tick)
+
+    # -- actions ---------------------------------------------------------------
+
+    def cancel(self, request: Request) -> Response:
+        return actions.cancel(self.s, request)
+
+    def resume(self, request: Request) -> Response:
+        return actions.resume(self.s, request)
+
+
+def _pretty(value: Any, limit: int = 20_000) -> str:
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + f"\n... ({len(text) - limit} more characters)"
+
+
+def _chunks(fd: int, close: Callable[[], None]) -> Iterator[bytes]:
+    try:
+        while chunk := os.read(fd, 1 << 20):
+            yield chunk
+    finally:
+        close()
+
+
+def _send_verified(folder: Path, name: str, sha256: str) -> Response:
+    """The file ``name`` below ``folder`` (never through a link), if it still hashes to
+    what was recorded; otherwise a 409 that says so."""
+    try:
+        root = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return PlainTextResponse(f"{name}: its folder is gone ({exc.strerror})\n", 410)
+    try:
+        with Walker(root) as w:
+            fd, _st = w.open_file(name)
+    except Refused as exc:
+        os.close(root)
+        return PlainTextResponse(f"refused: {exc.why}\n", 409)
+    except OSError as exc:
+        os.close(root)
+        return PlainTextResponse(f"{name}: {exc.strerror}\n", 410)
+    os.close(root)
+    digest, length = sha256_fd(fd)
+    if digest != sha256:
+        os.close(fd)
+        return PlainTextResponse(
+            f"{name} changed since it was recorded (sha256 now {digest}, recorded {sha256}); "
+            "not served\n", 409)
+    os.lseek(fd, 0, os.SEEK_SET)
+    filename = quote(name.rsplit("/", 1)[-1])
+    return StreamingResponse(
+        _chunks(fd, lambda: os.close(fd)), media_type="application/octet-stream",
+        headers={**HEADERS, "Content-Disposition": f"attachment; filename*=UTF-8''{filename}",
+                 "Content-Length": str(length), "X-Stockade-Sha256": digest})
+
+
+def make_app(settings: Settings) -> Starlette:
+    ui = UI(settings)
+    static = StaticFiles(directory=str(resources.files("stockade.web") / "static"))
+    key = "/runs/{run}/{step}/{key}"
+    routes = [
+        Route("/", ui.runs_page),
+        Route("/api/runs", ui.api_runs),
+        Route("/api/runs/{run}", ui.api_run),
+        Route("/api/runs/{run}/timeline", ui.api_timeline),
+        Route("/live/runs", ui.live_runs),
+        Route("/live/runs/{run}", ui.live_run),
+        Route("/live/runs/{run}/{step}", ui.live_step),
+        Route("/live" + key, ui.live_item),
+        Route("/actions/cancel/{run}", ui.cancel, methods=["POST"]),
+        Route("/actions/resume/{run}", ui.resume, methods=["POST"]),
+        Route("/runs/{run}", ui.run_page),
+        Route("/runs/{run}/{step}", ui.step_page),
+        Route(key, ui.item_page),
+        Route(key + "/files/{which}/{name:path}", ui.file),
+        Route(key + "/log/{attempt:int}/{stream}", ui.log),
+        Mount("/static", static, name="static"),
+    ]
+    app = Starlette(routes=routes)
+    app.state.ui = ui
+    return app
+
+
+def guarded(app: ASGIApp) -> ASGIApp:
+    return HostGuard(app)
