@@ -4,7 +4,6 @@ downloads checked against their recorded sha256, and what every route answers.""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import secrets
@@ -155,13 +154,13 @@ def test_downloads_are_the_recorded_bytes(project: Project, finished: str, start
         assert r.headers["content-disposition"].startswith("attachment")
         assert r.headers["x-stockade-sha256"] == sha
     # An input: the bytes written into the item's world, as its provenance records them.
-    prov = json.loads((project.item(finished, "use") / "meta/attempts/1/provenance.json").read_text())
+    prov = project.provenance(finished, "use")
     [inp] = prov["inputs"]
     r = ui.get(f"/runs/{finished}/use/0/files/in/blob.bin?attempt=1")
     assert r.status_code == 200 and hashlib.sha256(r.content).hexdigest() == inp["sha256"]
     # Names that are no output of the item, or walk out of out/, are not served.
-    for name in ("nope.bin", "../../meta/attempts/1/provenance.json", "..%2F..%2Fmeta%2Fattempts%2F1%2Fstdout",
-                 "../stdout", "sub", "%2e%2e/%2e%2e/meta/attempts/1/stdout"):
+    for name in ("nope.bin", "../../meta/1.out", "..%2F..%2Fmeta%2F1.out",
+                 "../1.out", "sub", "%2e%2e/%2e%2e/meta/1.out"):
         status, body = raw_get(ui.port, f"127.0.0.1:{ui.port}",
                                f"/runs/{finished}/make/one/files/out/{name}")
         assert status == 404, name
