@@ -148,7 +148,7 @@ def _finish(result: Any, as_json: bool, t0: float) -> None:
             "run_id": result.run_id, "status": str(s.status), "run_dir": str(result.run_path),
             "sandbox": {"backend": result.sandbox.backend.name, "enforced": result.sandbox.enforced},
             "steps": {k: str(v) for k, v in s.steps.items()}, "items": s.items,
-            "retries": dict(s.retries), "problems": list(s.messages),
+            "retries": dict(s.retries), "problems": list(s.messages), "usage": dict(s.usage),
             "duration": round(time.monotonic() - t0, 3),
         }, indent=2, sort_keys=True))
     else:

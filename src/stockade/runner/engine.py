@@ -66,7 +66,7 @@ from stockade.runner.status import ITEM_BAD, AttemptStatus, ItemStatus, RunStatu
 from stockade.runner.views import ItemResult, ItemView, artifacts_of, step_view
 from stockade.spec import Spec
 from stockade.spec.model import Step
-from stockade.store.base import ArtifactRecord, AttemptRecord, ItemRecord
+from stockade.store.base import ArtifactRecord, AttemptRecord, ItemRecord, add_usage, sum_usage
 from stockade.store.base import Event as StoreEvent
 from stockade.workspace.artifacts import to_json_value
 from stockade.workspace.layout import RunDir
@@ -87,6 +87,8 @@ class RunSummary:
     messages: tuple[str, ...]
     #: Attempts that were retries, per step.
     retries: Mapping[str, int] = field(default_factory=dict)
+    #: Agent token usage of the whole run, from the store (``show`` gives the same).
+    usage: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -97,6 +99,8 @@ class _Item:
     #: The attempt number before this execution's first (from disk on resume).
     base: int = 0
     outcome: Outcome | None = None
+    #: Agent tokens spent by this item's attempts so far.
+    usage: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -379,6 +383,7 @@ class Engine:
         sr = self.steps[attempt.step.id]
         it = sr.items[attempt.item.index]
         it.outcome = outcome
+        it.usage = add_usage(it.usage, outcome.usage)
         if not is_inline(attempt.step):
             self._pending_attempts.append(AttemptRecord(
                 self.run.run_id, attempt.step.id, attempt.item.index, outcome.attempt,
@@ -416,7 +421,7 @@ class Engine:
             result=self.ctx.masker.value(to_json_value(out.result)),
             value=self.ctx.masker.value(to_json_value(it.value)),
             message=self.ctx.masker.text(out.message), started_at=out.started_at,
-            ended_at=out.ended_at, outputs=tuple(arts), key=it.key,
+            ended_at=out.ended_at, outputs=tuple(arts), key=it.key, usage=it.usage,
         )
         self._pending_items.append((rec, arts))
         if len(self._pending_items) >= FLUSH_EVERY or \
@@ -473,5 +478,9 @@ class Engine:
             counts[sid] = c
         statuses = {sid: self.scheduler.step_status(sid) for sid in self.steps}
         retries = {sid: sr.retries for sid, sr in self.steps.items() if sr.retries}
-        return RunSummary(status, statuses, counts, tuple(self.messages), retries)
+        # From the store, so a resumed run counts the items it kept too; only
+        # runs with agent steps have any (and only they pay for the read).
+        agents = any(sr.step.kind == "agent" for sr in self.steps.values())
+        usage = sum_usage(self.store.items(self.run.run_id)) if agents else {}
+        return RunSummary(status, statuses, counts, tuple(self.messages), retries, usage)
 

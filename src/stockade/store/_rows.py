@@ -35,7 +35,15 @@ def item_from_row(r: Sequence[Any], outputs: Sequence[ArtifactRecord]) -> ItemRe
         result=load_json(r[5]), value=load_json(r[6]),
         message=r[7], started_at=r[8], ended_at=r[9], outputs=tuple(outputs),
         key=r[10] if len(r) > 10 and r[10] else str(r[2]),
+        usage=_usage(r[11]) if len(r) > 11 else {},
     )
+
+
+def _usage(text: str | None) -> dict[str, int]:
+    value = load_json(text) if text else None
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): v for k, v in value.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
 def effect_from_row(r: Sequence[Any]) -> Effect:

@@ -184,13 +184,13 @@ class PostgresStore(Store):
                 (i.run_id, i.step, i.item),
             )
             cur.execute(
-                "INSERT INTO stockade_items VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
+                "INSERT INTO stockade_items VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
                 " ON CONFLICT (run_id, step, item) DO UPDATE SET status=EXCLUDED.status,"
                 " attempt=EXCLUDED.attempt, result=EXCLUDED.result, value=EXCLUDED.value,"
                 " message=EXCLUDED.message, started_at=EXCLUDED.started_at,"
-                " ended_at=EXCLUDED.ended_at, key=EXCLUDED.key",
+                " ended_at=EXCLUDED.ended_at, key=EXCLUDED.key, usage=EXCLUDED.usage",
                 (i.run_id, i.step, i.item, i.status, i.attempt, dump_json(i.result), dump_json(i.value),
-                 i.message, i.started_at, i.ended_at, i.key),
+                 i.message, i.started_at, i.ended_at, i.key, dump_json(dict(i.usage))),
             )
             if outputs:
                 cur.executemany(

@@ -54,6 +54,7 @@ CREATE TABLE IF NOT EXISTS items (
     started_at REAL NOT NULL,
     ended_at REAL NOT NULL,
     key TEXT NOT NULL DEFAULT '',
+    usage TEXT NOT NULL DEFAULT '{}',
     PRIMARY KEY (run_id, step, item)
 );
 CREATE TABLE IF NOT EXISTS artifacts (
@@ -176,9 +177,11 @@ class SQLiteStore(Store):
                           ("token", "INTEGER NOT NULL DEFAULT 0")):
             if col not in have:
                 self._db.execute(f"ALTER TABLE last_publish ADD COLUMN {col} {decl}")
-        # Stores made before items had keys.
+        # Stores made before items had keys, then token usage.
         if "key" not in {r[1] for r in self._db.execute("PRAGMA table_info(items)")}:
             self._db.execute("ALTER TABLE items ADD COLUMN key TEXT NOT NULL DEFAULT ''")
+        if "usage" not in {r[1] for r in self._db.execute("PRAGMA table_info(items)")}:
+            self._db.execute("ALTER TABLE items ADD COLUMN usage TEXT NOT NULL DEFAULT '{}'")
 
     # -- helpers -----------------------------------------------------------
 
@@ -274,9 +277,9 @@ class SQLiteStore(Store):
         stmts: list[tuple[str, tuple[Any, ...]]] = [
             ("DELETE FROM artifacts WHERE run_id=? AND step=? AND item=?", (i.run_id, i.step, i.item)),
             (
-                "INSERT OR REPLACE INTO items VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT OR REPLACE INTO items VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (i.run_id, i.step, i.item, i.status, i.attempt, dump_json(i.result), dump_json(i.value),
-                 i.message, i.started_at, i.ended_at, i.key),
+                 i.message, i.started_at, i.ended_at, i.key, dump_json(dict(i.usage))),
             ),
         ]
         for a in outputs:
