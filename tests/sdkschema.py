@@ -130,7 +130,7 @@ def check(value: Any, tp: Any, path: str) -> list[str]:
     if tp is float:
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         return [] if ok else [f"{path}: expected a number, got {value!r}"]
-    if isinstance(tp, typing.TypeVar) or isinstance(tp, typing.ForwardRef):
+    if isinstance(tp, typing.TypeVar | typing.ForwardRef):
         return []
     if isinstance(tp, type):
         return [] if isinstance(value, tp) else [f"{path}: expected {tp.__name__}, got {type(value).__name__}"]

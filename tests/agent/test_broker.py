@@ -296,7 +296,7 @@ def test_o_series_requests_carry_neither_parallel_tool_calls_nor_temperature(tmp
     (seen,) = srv.seen
     assert "parallel_tool_calls" not in seen.body and "temperature" not in seen.body
     assert seen.body["max_completion_tokens"] == 100
-    notes = [r for r in transcript(tmp_path) if r["event"] == "adjusted"][0]["notes"]
+    notes = next(r for r in transcript(tmp_path) if r["event"] == "adjusted")["notes"]
     assert any("temperature not sent" in n for n in notes)
 
 
