@@ -274,6 +274,9 @@ class Broker:
             offset += t.number
             if t.error:
                 self._rec.append("transcript.jsonl", record)
+                left = self._remaining()
+                if t.timed_out and left is not None and left <= 0:
+                    return self._refuse(f"step timeout ({cfg.timeout:g}s) reached during a model call")
                 what = (f"no answer within request_timeout {cfg.request_timeout:g}s" if t.timed_out
                         else t.error)
                 tried = f" (tried {offset} times)" if offset > 1 else ""
