@@ -346,3 +346,33 @@ def test_a_call_in_flight_is_visible_in_the_transcript(cli: Cli) -> None:
         finally:
             proc.terminate()  # the engine turns SIGTERM into an interrupt
             proc.wait(120)
+
+
+def test_preflight_names_what_each_provider_and_endpoint_needs(cli: Cli) -> None:
+    wf = cli.write("""
+        name: pre
+        steps:
+          - id: team
+            agent:
+              model: openai/m
+              prompt: hi
+              endpoint: {base_url: "http://127.0.0.1:9/v1", api_key_env: TEAM_KEY}
+          - id: az
+            agent:
+              model: azure/my-deployment
+              prompt: hi
+          - id: local
+            agent:
+              model: openai/m
+              prompt: hi
+              endpoint: {base_url: "http://127.0.0.1:9/v1"}
+    """)
+    r = cli.stockade("run", str(wf))
+    assert r.returncode == 2, r.stderr
+    assert f"{wf}:8:66: endpoint.api_key_env names TEAM_KEY, which is not set" in r.stderr
+    assert f"{wf}:11:14: azure/my-deployment needs the Azure resource URL: set AZURE_OPENAI_ENDPOINT" in r.stderr
+    assert f"{wf}:11:14: azure/my-deployment needs AZURE_OPENAI_API_KEY" in r.stderr
+    assert "local" not in r.stderr  # a step's own server may need no key
+    assert not (cli.home / "runs").exists() or not any((cli.home / "runs").iterdir())
+    ok = cli.stockade("validate", str(wf))  # validate checks no environment
+    assert ok.returncode == 0, ok.stderr

@@ -104,10 +104,10 @@ def problems(provider: str, step: StepEndpoint | None, env: Mapping[str, str]) -
                                    "(the key stays on the host)"))
     if provider == "azure":
         if not step.base_url and not env.get(base_var):
-            out.append(("model", f"azure/ needs the resource URL: set {base_var} (https://NAME."
+            out.append(("model", f"needs the Azure resource URL: set {base_var} (https://NAME."
                                  "openai.azure.com) or endpoint.base_url"))
         if not step.api_key_env and not env.get(key_var):
-            out.append(("model", f"azure/ needs {key_var} in the engine's environment "
+            out.append(("model", f"needs {key_var} in the engine's environment "
                                  "(or endpoint.api_key_env); the key stays on the host"))
         return out
     if step.base_url or step.api_key_env:
