@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from modelserver import Call, ModelServer, Turn, calls, say
+from modelserver import Call, ModelServer, Turn, say
 from sdkschema import validate_request
 
 from stockade.agent import wire
