@@ -67,6 +67,10 @@ class AgentKind:
         if outcome.status is AttemptStatus.SUCCEEDED and not result.ok:
             outcome = Outcome(AttemptStatus.FAILED, attempt.number, message=result.message,
                               exit_code=code, started_at=started)
+        elif not result.ok and result.message and code == 1 and not timed_out:
+            # The jail's "agent failed" exit: the broker's verdict says why (a
+            # stop reason, a refused request); the exit status adds nothing.
+            outcome.message, outcome.stderr_tail = result.message, ""
         elif not result.ok and result.message:
             outcome.message = f"{outcome.message}; {result.message}".strip("; ")
         # Tokens are spent whatever the ending; a request the provider refused
