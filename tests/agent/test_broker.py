@@ -257,6 +257,7 @@ def test_a_stalled_server_ends_at_request_timeout(tmp_path: Path) -> None:
         answer = b.handle("/model", {})
         took = time.monotonic() - t0
     assert "no answer within request_timeout 0.5s (tried 2 times)" in answer["error"]
+    assert b.state.retryable is False
     assert took < 60  # generous: two tries of 0.5 s each on a loaded machine
     events = [r["event"] for r in transcript(tmp_path)]
     assert events == ["call_started", "model_call", "call_started", "model_call", "failed"]
@@ -376,3 +377,12 @@ def test_nothing_is_accepted_after_finish(tmp_path: Path) -> None:
     assert srv.seen == [] and echoed == [] and b.state.problems == []
     assert [r["event"] for r in transcript(tmp_path)] == ["finish"]
     assert not (tmp_path / "meta" / "writes.jsonl").exists()
+
+
+def test_only_real_secrets_are_masked_and_only_in_values() -> None:
+    from stockade.agent.record import SecretMask
+
+    m = SecretMask(["null", "unused", "sk-real-key-0123456789"], declared=["hunter"])
+    rec = {"null": None, "text": "null unused sk-real-key-0123456789 hunter", "sk-real-key-0123456789": [True]}
+    assert m.value(rec) == {"null": None, "text": "null unused *** ***", "***": [True]}
+    assert json.loads(json.dumps(m.value(rec))) == m.value(rec)

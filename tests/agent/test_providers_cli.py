@@ -166,11 +166,12 @@ def test_a_401_is_not_retried(cli: Cli) -> None:
 def test_a_stalled_server_fails_at_request_timeout(cli: Cli) -> None:
     with ModelServer([Turn(text="never", delay=600)]) as srv:
         t0 = time.monotonic()
-        code, _ = cli.run(agent_step("openai/m", extra="request_timeout: 2").replace("retries: 2", "retries: 0"),
-                          srv.env("openai"))
+        code, _ = cli.run(agent_step("openai/m", extra="request_timeout: 2"), srv.env("openai"))
         took = time.monotonic() - t0
     assert code == 1
-    msg = cli.item()["item"]["message"]
+    item = cli.item()
+    assert len(item["attempts"]) == 1  # tried twice inside the call; retries: 2 do not start over
+    msg = item["item"]["message"]
     assert "no answer within request_timeout 2s (tried 2 times)" in msg, msg
     events = [r["event"] for r in cli.transcript()]
     assert events[:2] == ["call_started", "model_call"] and "failed" in events
@@ -376,3 +377,23 @@ def test_preflight_names_what_each_provider_and_endpoint_needs(cli: Cli) -> None
     assert not (cli.home / "runs").exists() or not any((cli.home / "runs").iterdir())
     ok = cli.stockade("validate", str(wf))  # validate checks no environment
     assert ok.returncode == 0, ok.stderr
+
+
+def test_item_usage_sums_its_attempts(cli: Cli) -> None:
+    """A first attempt that runs out of turns, a second that answers: the item pays for both."""
+    count = iter(range(100))
+
+    def script(seen: Seen, n: int) -> Turn:
+        if next(count) < 2:
+            return calls(Call("read_file", {"path": "data.txt", "offset": None, "limit": None}))
+        return say("done")
+
+    with ModelServer(script, validate=True) as srv:
+        code, out = cli.run(agent_step("openai/m", step="inputs: {data.txt: x}", extra="max_turns: 2"),
+                            srv.env("openai"))
+    assert code == 0, out
+    item = cli.item()
+    assert len(item["attempts"]) == 2 and "max_turns (2)" in item["attempts"][0]["message"]
+    assert item["item"]["usage"] == {"input_tokens": 301, "output_tokens": 31, "cached_tokens": 0,
+                                     "reasoning_tokens": 0, "model_calls": 3}
+    assert out["usage"] == item["item"]["usage"]

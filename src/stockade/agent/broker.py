@@ -280,8 +280,10 @@ class Broker:
                 what = (f"no answer within request_timeout {cfg.request_timeout:g}s" if t.timed_out
                         else t.error)
                 tried = f" (tried {offset} times)" if offset > 1 else ""
+                # A server that stalled twice in a row is not retried again from
+                # the start; a connection refused may be a server restarting.
                 return self._fail(f"model call to {self._target.url} failed: {what}{tried}",
-                                  retryable=True)
+                                  retryable=not t.timed_out)
             assert t.status is not None
             if t.status >= 400:
                 candidates = tuple(f for f in provider_errors.FALLBACK_FIELDS[provider]

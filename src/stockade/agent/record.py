@@ -25,11 +25,17 @@ MIN_SECRET = 8
 
 
 class SecretMask:
-    """Replaces secret values inside JSON-like values."""
+    """Replaces secret values inside JSON-like values.
 
-    def __init__(self, secrets: Iterable[str]) -> None:
+    ``secrets`` are candidates found by name (``*_KEY``...): only real ones
+    (``MIN_SECRET`` characters or more) are masked. ``declared`` are the
+    workflow's own secrets, masked from 4 characters as everywhere else.
+    """
+
+    def __init__(self, secrets: Iterable[str], declared: Iterable[str] = ()) -> None:
+        values = {s for s in secrets if len(s) >= MIN_SECRET} | {s for s in declared if len(s) >= 4}
         # Longest first, so a secret that contains another is masked whole.
-        self.secrets = sorted({s for s in secrets if len(s) >= MIN_SECRET}, key=len, reverse=True)
+        self.secrets = sorted(values, key=len, reverse=True)
 
     def text(self, s: str) -> str:
         for v in self.secrets:
@@ -52,10 +58,10 @@ class SecretMask:
 class Recorder:
     """Append-only JSONL files in ``meta/``."""
 
-    def __init__(self, meta_dir: Path, secrets: Iterable[str],
+    def __init__(self, meta_dir: Path, secrets: Iterable[str], declared: Iterable[str] = (),
                  clock: Callable[[], float] = time.time) -> None:
         self._dir = meta_dir
-        self.mask = SecretMask(secrets)
+        self.mask = SecretMask(secrets, declared)
         self._clock = clock
         self._lock = threading.Lock()
 

@@ -175,7 +175,7 @@ class AgentSession:
         target = endpoints.resolve(provider, model, step_endpoint, job.host_env)
         if target.key:
             keys.append(target.key)
-        recorder = Recorder(job.meta_dir, [*keys, *job.secrets])
+        recorder = Recorder(job.meta_dir, keys, job.secrets)
         exe, _prefix = interpreter()
         preamble = ship.image(jail_config, code=ship.reads_our_bytecode(exe))
         self._broker = Broker(

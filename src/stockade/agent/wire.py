@@ -15,8 +15,9 @@ holds what they share and dispatches. What each model accepts (no
 only for Claude 4.5 and later) is decided here, from the model name, and
 ``omit`` carries the optional fields a server rejected at run time.
 
-Pure: the broker does the HTTP. Standard library only, and
-``stockade.agent.tools``.
+Pure: the broker does the HTTP. Standard library only, and the
+provider modules it dispatches to (``stockade.agent.wire_chat``,
+``stockade.agent.wire_responses``, ``stockade.agent.wire_anthropic``).
 """
 
 from __future__ import annotations
