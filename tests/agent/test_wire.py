@@ -209,7 +209,13 @@ def test_usage_of_chat_completions() -> None:
     assert r.usage.as_dict() == {"input_tokens": 7, "output_tokens": 3, "cached_tokens": 4, "reasoning_tokens": 2}
 
 
-@pytest.mark.parametrize(("provider", "body"), [("openai", {"choices": []}), ("openai", {}), ("anthropic", {}),
+def test_no_choice_at_all_is_an_empty_reply() -> None:
+    reply = wire.parse_response("openai", {"choices": [], "usage": {"prompt_tokens": 5}})
+    assert reply.usage.input_tokens == 5
+    assert "empty reply (stop reason no choices)" in (verdict(reply, None) or "")
+
+
+@pytest.mark.parametrize(("provider", "body"), [("openai", {"choices": None}), ("openai", {}), ("anthropic", {}),
                                                 ("openai-responses", {"output": 3}), ("openai", [])])
 def test_parse_rejects_garbage(provider: str, body: Any) -> None:
     with pytest.raises(wire.WireError):

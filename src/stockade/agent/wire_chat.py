@@ -104,7 +104,23 @@ def _text(content: Any) -> str:
     return ""
 
 
+def _usage(body: dict[str, Any]) -> Usage:
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    assert isinstance(usage, dict)
+    pdet = usage.get("prompt_tokens_details") or {}
+    cdet = usage.get("completion_tokens_details") or {}
+    return Usage(
+        input_tokens=num(usage.get("prompt_tokens")),
+        output_tokens=num(usage.get("completion_tokens")),
+        cached_tokens=num(pdet.get("cached_tokens") if isinstance(pdet, dict) else 0),
+        reasoning_tokens=num(cdet.get("reasoning_tokens") if isinstance(cdet, dict) else 0),
+    )
+
+
 def parse(body: dict[str, Any]) -> Reply:
+    if body.get("choices") == []:
+        # Some servers answer an empty generation with no choice at all.
+        return Reply("", (), _usage(body), OTHER, "no choices")
     try:
         choice = body["choices"][0]
         msg = choice["message"]
@@ -124,10 +140,6 @@ def parse(body: dict[str, Any]) -> Reply:
     stop = REFUSAL if refusal else _STOPS.get(finish, OTHER)
     if stop in (END, OTHER) and calls:
         stop = TOOL_USE  # some servers say "stop" for a reply with tool calls
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-    assert isinstance(usage, dict)
-    pdet = usage.get("prompt_tokens_details") or {}
-    cdet = usage.get("completion_tokens_details") or {}
     native: dict[str, Any] = {"role": "assistant", "content": text if text.strip() else None}
     if calls:
         native["tool_calls"] = [
@@ -138,12 +150,7 @@ def parse(body: dict[str, Any]) -> Reply:
     return Reply(
         text=text,
         tool_calls=tuple(calls),
-        usage=Usage(
-            input_tokens=num(usage.get("prompt_tokens")),
-            output_tokens=num(usage.get("completion_tokens")),
-            cached_tokens=num(pdet.get("cached_tokens") if isinstance(pdet, dict) else 0),
-            reasoning_tokens=num(cdet.get("reasoning_tokens") if isinstance(cdet, dict) else 0),
-        ),
+        usage=_usage(body),
         stop=stop,
         stop_raw=finish,
         refusal=refusal,
