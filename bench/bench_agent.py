@@ -34,23 +34,19 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from modelserver import ModelServer, Seen, Turn, say  # noqa: E402
+from modelserver import Call, ModelServer, Seen, Turn, say  # noqa: E402
+from modelserver import calls as calls_turn  # noqa: E402
 
 from stockade.agent import AgentJob, ship, start_agent  # noqa: E402
 from stockade.agent.jail import BrokerClient  # noqa: E402
 from stockade.agent.session import interpreter  # noqa: E402
-from stockade.agent.wire import to_openai  # noqa: E402
 from stockade.sandbox.base import Backend  # noqa: E402
 from stockade.sandbox.none import NoneBackend  # noqa: E402
 from stockade.sandbox.policy import Policy  # noqa: E402
 from stockade.spec.model import Agent  # noqa: E402
 
-MESSAGES = [
-    {"role": "system", "text": "rules " * 50},
-    {"role": "user", "text": "Summarise sales.csv into out/report.md. " * 10},
-    {"role": "assistant", "text": "", "tool_calls": [{"id": "c1", "name": "read_file", "arguments": '{"path": "sales.csv"}'}]},
-    {"role": "tool", "results": [{"id": "c1", "name": "read_file", "content": "region,month,revenue\n" * 100, "is_error": False}]},
-]
+#: One tool result, as a small CSV read returns it.
+RESULT = "region,month,revenue\n" * 100
 
 
 def ms(xs: list[float]) -> str:
@@ -72,16 +68,10 @@ def job_for(tmp: Path, env: dict[str, str], max_turns: int) -> AgentJob:
 
 
 def broker_overhead(calls: int) -> None:
-    with ModelServer([say("ok")] * 2) as srv, tempfile.TemporaryDirectory(prefix="sb-") as d:
-        body = to_openai("bench", MESSAGES, ["read_file", "list_dir", "create_file"])
-        headers = {"authorization": f"Bearer {srv.key}"}
-        direct: list[float] = []
-        with httpx.Client() as client:
-            for _ in range(calls):
-                t0 = time.perf_counter()
-                r = client.post(srv.openai_base + "/chat/completions", json=body, headers=headers)
-                r.json()
-                direct.append(time.perf_counter() - t0)
+    """The same conversation twice: through the broker, then its recorded bodies
+    posted directly with httpx (so both sides send exactly the same bytes)."""
+    turn = calls_turn(Call("read_file", {"path": "sales.csv", "offset": None, "limit": None}))
+    with ModelServer(lambda seen, n: turn) as srv, tempfile.TemporaryDirectory(prefix="sb-") as d:
         brokered: list[float] = []
         with start_agent(job_for(Path(d), srv.env("openai"), max_turns=calls + 10)) as s:
             # The jail's end, as the jail gets it; first the boot image.
@@ -89,11 +79,23 @@ def broker_overhead(calls: int) -> None:
             n = int.from_bytes(sock.recv(8, socket.MSG_WAITALL), "big")
             marshal.loads(sock.recv(n, socket.MSG_WAITALL))
             jail_side = BrokerClient(sock)
+            payload: dict[str, object] = {}
             for _ in range(calls):
                 t0 = time.perf_counter()
-                answer = jail_side.post("/model", {"messages": MESSAGES, "tools": []})
+                answer = jail_side.post("/model", payload)
                 brokered.append(time.perf_counter() - t0)
                 assert answer["ok"], answer
+                payload = {"results": [{"id": c["id"], "name": c["name"], "content": RESULT, "is_error": False}
+                                       for c in answer["tool_calls"]]}
+        bodies = [seen.body for seen in srv.seen]
+        headers = {"authorization": f"Bearer {srv.key}"}
+        direct: list[float] = []
+        with httpx.Client() as client:
+            for body in bodies:
+                t0 = time.perf_counter()
+                r = client.post(srv.openai_base + "/chat/completions", json=body, headers=headers)
+                r.json()
+                direct.append(time.perf_counter() - t0)
     over = statistics.median(brokered) - statistics.median(direct)
     print(f"model call, direct httpx -> server:        {ms(direct)}")
     print(f"model call, jail -> broker -> server:      {ms(brokered)}")

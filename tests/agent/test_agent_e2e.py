@@ -120,9 +120,15 @@ def test_seed_001_wrong_file_incident(provider: str, backend: str, short_tmp: Pa
     transcript = [t for t in records if t["event"] == "model_call"]
     assert [t["n"] for t in transcript] == list(range(1, 11))
     assert records[-1] == {"time": records[-1]["time"], "event": "finish", "ok": True, "result": outcome.result,
-                           "message": "", "turns": 10}
+                           "message": "", "turns": 10, "usage": dict(outcome.usage)}
+    assert outcome.usage["model_calls"] == 10 and outcome.usage["input_tokens"] > 0
     assert all(t["latency_ms"] >= 0 and t["usage"]["input_tokens"] and t["response"]["status"] == 200 for t in transcript)
-    assert all(t["request"]["body"]["model"] == "scripted-1" for t in transcript)
+    # Each call is preceded by its call-started record; each request is recorded as
+    # what is new since the previous call (the first one whole).
+    started = [r for r in records if r["event"] == "call_started"]
+    assert [r["n"] for r in started] == list(range(1, 11))
+    assert transcript[0]["request"]["body"]["model"] == "scripted-1"
+    assert all("model" not in t["request"]["body"] and "tools" not in t["request"]["body"] for t in transcript[1:])
     # The key reached the server, and nothing else.
     key = srv.key
     assert all(key in (s.headers.get("authorization", "") + s.headers.get("x-api-key", "")) for s in seen)

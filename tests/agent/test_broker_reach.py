@@ -216,7 +216,7 @@ def _check(r: subprocess.CompletedProcess[str], root: Path, run_id: str, srv: Mo
     assert len(srv.seen) == 1 and "spend" not in json.dumps(srv.seen[0].body)
     transcript = (root / "home" / "runs" / run_id / "judge" / "0" / "meta" / "1" / "transcript.jsonl")
     events = [json.loads(line) for line in transcript.read_text().splitlines()]
-    assert [e["event"] for e in events] == ["model_call", "finish"]
+    assert [e["event"] for e in events] == ["call_started", "model_call", "finish"]
     assert events[-1]["result"] == f"REFUTED {model_token}"
     # It reached nothing else that answers like a broker, by any way it tried.
     assert _broker_answers(report, decoy) == []

@@ -24,6 +24,7 @@ from stockade.store import (
     Store,
     open_store,
 )
+from stockade.store.base import sum_usage
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -142,6 +143,52 @@ def test_record_batch_writes_attempts_and_items_together(store: Store) -> None:
     assert [a.name for a in items[0].outputs] == ["new"]
     assert [a.outcome for a in store.attempts("r1", "s", 0)] == ["failed", "succeeded"]
     assert [a.attempt for a in store.attempts("r1", "s", 1)] == [1]
+
+
+def test_items_keep_token_usage(store: Store) -> None:
+    """Agent usage is part of the item's record, replaced with it, summed by readers."""
+    store.create_run(run())
+    used = {"input_tokens": 1200, "output_tokens": 80, "cached_tokens": 1000, "reasoning_tokens": 30,
+            "model_calls": 3}
+    store.complete_item(ItemRecord("r1", "a", 0, "failed", 1, usage={"input_tokens": 5}), [])
+    store.record_batch([], [(ItemRecord("r1", "a", 0, "succeeded", 2, usage=used), []),
+                            (ItemRecord("r1", "a", 1, "succeeded", 1, usage=used), []),
+                            (ItemRecord("r1", "b", 0, "succeeded", 1), [])])
+    items = store.items("r1")
+    assert [i.usage for i in items] == [used, used, {}]
+    assert sum_usage(items) == {k: 2 * v for k, v in used.items()}
+    assert sum_usage([]) == {}
+
+
+def test_stores_made_before_usage_gain_it(store: Store, tmp_path: Path) -> None:
+    """An items table without the usage column (an older store) is migrated on open."""
+    store.create_run(run())
+    store.complete_item(ItemRecord("r1", "s", 0, "succeeded", 1, usage={"input_tokens": 1}), [])
+    if isinstance(store, SQLiteStore):
+        import sqlite3
+
+        store.close()
+        with sqlite3.connect(tmp_path / "stockade.db") as db:
+            db.execute("ALTER TABLE items DROP COLUMN usage")
+        store = open_store(None, tmp_path)
+    else:
+        import psycopg
+
+        from stockade.store.postgres import PostgresStore
+
+        assert isinstance(store, PostgresStore)
+        url = store.conninfo
+        store.close()
+        with psycopg.connect(url, autocommit=True) as db:
+            db.execute("ALTER TABLE stockade_items DROP COLUMN usage")
+        store = open_store(url, tmp_path)
+    try:
+        [old] = store.items("r1")
+        assert old.usage == {} and old.key == "0"
+        store.complete_item(ItemRecord("r1", "s", 1, "succeeded", 1, usage={"output_tokens": 2}), [])
+        assert [i.usage for i in store.items("r1")] == [{}, {"output_tokens": 2}]
+    finally:
+        store.close()
 
 
 def test_events_in_order_after_id(store: Store) -> None:

@@ -176,6 +176,20 @@ def test_design_example_loads_clean() -> None:
         ("name: w\nsteps: [{id: a, inputs: {t: \"{{ tree('repo') }}\", f: \"{{ file('b') }}{{ file('a') }}\"}, run: x}]\n",
          lambda s: s.trees == ("repo",) and s.files == ("a", "b")),
         ("\ufeffname: w\nsteps: [{id: a, run: x}]\n", lambda s: s.workflow.name == "w"),
+        # every agent setting of DESIGN.md's "Agent steps"
+        ("name: w\nsteps:\n  - id: a\n    outputs: [r.md]\n    agent:\n      model: anthropic/claude-sonnet-4-5\n"
+         "      prompt: hi\n      tools: [create_file]\n      request_timeout: 30\n"
+         "      params: {max_tokens: 9000, reasoning_effort: high, tool_choice: auto,"
+         " thinking: {type: enabled, budget_tokens: 4096}}\n"
+         "      endpoint: {base_url: 'https://llm.example/v1', api_key_env: TEAM_KEY}\n"
+         "      budget: {tokens: 200000}\n",
+         lambda s: (a := s.workflow.steps[0].agent) is not None and a.request_timeout == 30
+         and a.params.thinking is not None and a.params.thinking.budget_tokens == 4096
+         and a.endpoint is not None and a.endpoint.api_key_env == "TEAM_KEY"
+         and a.budget is not None and a.budget.tokens == 200000),
+        ("name: w\nsteps: [{id: a, agent: {model: azure/my-dep, prompt: hi, endpoint: {api_version: 2025-01-01-preview}}},"
+         " {id: b, agent: {model: openai-responses/o3, prompt: hi}}]\n",
+         lambda s: s.workflow.steps[0].agent is not None and s.workflow.steps[0].agent.request_timeout == 600),
     ],
 )
 def test_valid_variants(yaml: str, check: Any) -> None:

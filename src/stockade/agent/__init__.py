@@ -17,7 +17,7 @@ Must not import httpx or pydantic.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,10 @@ class AgentJob:
     echo: Callable[[str], None]
     #: a terminal is attached, so ``approve: ask`` can ask
     interactive: bool
+    #: the step's declared ``outputs`` (relative to out/): a text-only answer without them fails
+    outputs: tuple[str, ...] = ()
+    #: more values to mask in every record (the run's declared secrets)
+    secrets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,10 @@ class AgentOutcome:
     extra_paths: tuple[str, ...]
     #: unified diff of what the tools changed against the inputs (also meta/changes.diff)
     diff: str = ""
+    #: tokens spent by this attempt: input, output, cached, reasoning, model_calls
+    usage: Mapping[str, int] = field(default_factory=dict)
+    #: False when running the item again would end the same way (a refused request, a refusal)
+    retryable: bool = True
 
 
 def __getattr__(name: str) -> Any:

@@ -3,7 +3,8 @@
 Started by ``stockade.agent.boot`` with the already-connected broker socket
 (inherited at fd 3, see ``ship``) and the item's config (prompt, tools,
 writes, max_turns) that came over it. Drives ``agent_loop`` against the broker
-and runs the tools in the work directory (its cwd). It holds no key, has no
+(which keeps the conversation: the jail sends only its tool results) and
+runs the tools in the work directory (its cwd). It holds no key, has no
 network and names no socket: everything it says to the model goes through
 that one connection, which the broker records.
 
@@ -77,7 +78,7 @@ class BrokerClient:
     # -- as the loop's model ------------------------------------------------
 
     def model(self, req: ModelRequest) -> ModelReply:
-        answer = self.post("/model", {"messages": list(req.messages), "tools": list(req.tools)})
+        answer = self.post("/model", {"results": list(req.results)})
         if not answer.get("ok"):
             return ModelReply(error=str(answer.get("error") or "the broker refused the model call"))
         calls = tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in answer.get("tool_calls", []))
@@ -108,7 +109,7 @@ def run(config: dict[str, Any], root: Path, client: BrokerClient) -> Finished:
         print(f"tool {call.name} {status}", file=sys.stderr, flush=True)
         return result
 
-    loop = agent_loop(config["prompt"], tuple(config["tools"]), tuple(config["writes"]), int(config["max_turns"]))
+    loop = agent_loop(int(config["max_turns"]))
     fin = drive(loop, client.model, tool)
     client.post("/finish", {"ok": fin.ok, "result": fin.result, "message": fin.message, "turns": fin.turns})
     return fin

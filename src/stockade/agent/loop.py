@@ -3,16 +3,13 @@
 ``agent_loop`` yields a ``ModelRequest`` and receives a ``ModelReply``; for
 each tool call in the reply it yields the ``ToolCall`` and receives a
 ``ToolResult``. It returns ``Finished``. Whoever drives it (the jail, a test)
-does the talking; the loop only keeps the conversation and the turn count.
+does the talking; the loop only runs the tools and counts the turns.
 
-The conversation uses one internal message model, plain JSON-ready dicts:
-
-- ``{"role": "system" | "user", "text": str}``
-- ``{"role": "assistant", "text": str, "tool_calls": [{"id", "name", "arguments"}]}``
-  (``arguments`` is the raw JSON text the model produced)
-- ``{"role": "tool", "results": [{"id", "name", "content", "is_error"}]}``
-
-``stockade.agent.wire`` translates it to and from each provider.
+The conversation itself is kept on the host (``stockade.agent.conversation``,
+in the broker): a ``ModelRequest`` carries only the results of the previous
+reply's tool calls, ``{"id", "name", "content", "is_error"}`` each, so the
+provider's own assistant content (thinking blocks, reasoning items) is
+replayed by the host exactly as it came and never passes through the jail.
 
 Imports only the standard library.
 """
@@ -20,21 +17,10 @@ Imports only the standard library.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-Message = dict[str, Any]
-
-SYSTEM_PROMPT = """\
-You are an agent working inside a sandboxed work directory; every path you use is \
-relative to it. Use the tools to read the inputs and to write what the request asks for.
-Rules enforced by the engine (a call that breaks one is rejected and does nothing):
-- Write tools take no defaults: give every argument explicitly. Unknown or alias \
-arguments are errors.
-- create_file makes a new file only; apply_patch changes an existing file that the \
-request names, with a unified diff.
-- Writes are allowed only inside: {writes}.
-When you are done, answer with your final message and no tool calls."""
+Result = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -46,8 +32,8 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ModelRequest:
-    messages: tuple[Message, ...]
-    tools: tuple[str, ...]
+    #: the results of the previous reply's tool calls, in call order (none at first)
+    results: tuple[Result, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,51 +59,33 @@ class Finished:
     tool_calls: int = 0
 
 
-@dataclass
-class _State:
-    messages: list[Message] = field(default_factory=list)
-    calls: int = 0
-
-
 Loop = Generator[ModelRequest | ToolCall, ModelReply | ToolResult, Finished]
 
 
-def agent_loop(prompt: str, tools: tuple[str, ...], writes: tuple[str, ...], max_turns: int) -> Loop:
+def agent_loop(max_turns: int) -> Loop:
     """Run the conversation for at most ``max_turns`` model calls."""
-    st = _State(
-        [
-            {"role": "system", "text": SYSTEM_PROMPT.format(writes=", ".join(writes) or "(nowhere)")},
-            {"role": "user", "text": prompt},
-        ]
-    )
     last_text = ""
+    results: tuple[Result, ...] = ()
+    executed = 0
     for turn in range(1, max_turns + 1):
-        reply = yield ModelRequest(tuple(st.messages), tools)
+        reply = yield ModelRequest(results)
         if not isinstance(reply, ModelReply):
             raise TypeError("a ModelRequest must be answered with a ModelReply")
         if reply.error:
-            return Finished(False, last_text, reply.error, turn, st.calls)
+            return Finished(False, last_text, reply.error, turn, executed)
         last_text = reply.text
-        st.messages.append(
-            {
-                "role": "assistant",
-                "text": reply.text,
-                "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.tool_calls],
-            }
-        )
         if not reply.tool_calls:
-            return Finished(True, reply.text, "", turn, st.calls)
-        results: list[dict[str, Any]] = []
+            return Finished(True, reply.text, "", turn, executed)
+        out: list[Result] = []
         for call in reply.tool_calls:
             res = yield call
             if not isinstance(res, ToolResult):
                 raise TypeError("a ToolCall must be answered with a ToolResult")
-            st.calls += 1
-            results.append({"id": call.id, "name": call.name, "content": res.content, "is_error": res.is_error})
-        st.messages.append({"role": "tool", "results": results})
-    return Finished(
-        False, last_text, f"max_turns ({max_turns}) reached without a final answer", max_turns, st.calls
-    )
+            executed += 1
+            out.append({"id": call.id, "name": call.name, "content": res.content, "is_error": res.is_error})
+        results = tuple(out)
+    return Finished(False, last_text, f"max_turns ({max_turns}) reached without a final answer",
+                    max_turns, executed)
 
 
 def drive(

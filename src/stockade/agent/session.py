@@ -31,8 +31,9 @@ from types import TracebackType
 
 import httpx
 
-from stockade.agent import AgentJob, AgentLaunch, AgentOutcome, gate, patch, ship, wire
-from stockade.agent.broker import Broker, BrokerConfig, BrokerServer, Recorder
+from stockade.agent import AgentJob, AgentLaunch, AgentOutcome, endpoints, gate, patch, ship, wire
+from stockade.agent.broker import Broker, BrokerConfig, BrokerServer
+from stockade.agent.record import Recorder
 from stockade.sandbox.policy import ExtraMount
 
 _TTY_LOCK = threading.Lock()
@@ -151,6 +152,8 @@ class AgentSession:
             "writes": list(cfg.writes),
             "max_turns": cfg.max_turns,
         }
+        params = cfg.params.model_dump(exclude_none=True)
+        step_endpoint = endpoints.step_endpoint(cfg.endpoint)
         record = {
             **jail_config,
             "model": cfg.model,
@@ -160,10 +163,19 @@ class AgentSession:
             "item": job.item,
             "attempt": job.attempt,
             "timeout": job.timeout,
+            "request_timeout": cfg.request_timeout,
+            "params": params,
+            # the variable's name only: the key itself never leaves the broker
+            "endpoint": cfg.endpoint.model_dump(exclude_none=True) if cfg.endpoint else None,
+            "budget": cfg.budget.model_dump() if cfg.budget else None,
+            "outputs": list(job.outputs),
         }
         (job.meta_dir / "agent.json").write_text(json.dumps(record, indent=2))
         keys = [v for k, v in job.host_env.items() if k.endswith(("_KEY", "_TOKEN", "_SECRET"))]
-        recorder = Recorder(job.meta_dir, keys)
+        target = endpoints.resolve(provider, model, step_endpoint, job.host_env)
+        if target.key:
+            keys.append(target.key)
+        recorder = Recorder(job.meta_dir, keys, job.secrets)
         exe, _prefix = interpreter()
         preamble = ship.image(jail_config, code=ship.reads_our_bytecode(exe))
         self._broker = Broker(
@@ -178,6 +190,18 @@ class AgentSession:
                 interactive=job.interactive,
                 timeout=job.timeout,
                 work_dir=work,
+                request_timeout=float(cfg.request_timeout),
+                settings=wire.Settings(
+                    max_tokens=cfg.params.max_tokens,
+                    temperature=cfg.params.temperature,
+                    reasoning_effort=cfg.params.reasoning_effort,
+                    tool_choice=cfg.params.tool_choice,
+                    thinking=(cfg.params.thinking.model_dump(exclude_none=True)
+                              if cfg.params.thinking else None),
+                ),
+                endpoint=step_endpoint,
+                budget_tokens=cfg.budget.tokens if cfg.budget else None,
+                outputs=tuple(job.outputs),
             ),
             host_env=job.host_env,
             recorder=recorder,
@@ -235,7 +259,9 @@ class AgentSession:
         elif exit_code != 0 and not fin.get("message"):
             reasons.append(f"the agent process exited with status {exit_code}")
         if not st.finished:
-            if exit_code is not None:
+            if st.failure:
+                reasons.append(st.failure)
+            elif exit_code is not None:
                 reasons.append("the agent ended without a final answer")
         elif not fin.get("ok"):
             reasons.append(str(fin.get("message") or "the agent failed"))
@@ -252,6 +278,10 @@ class AgentSession:
             writes=writes,
             extra_paths=extra_paths,
             diff=self.diff,
+            usage=dict(st.usage),
+            # Only the model side's own verdicts (a refused request, a stop
+            # reason) make a retry pointless; a timeout may go differently.
+            retryable=st.retryable,
         )
         (self.job.meta_dir / "outcome.json").write_text(
             json.dumps(
@@ -263,6 +293,10 @@ class AgentSession:
                     "model_calls": st.calls,
                     "turns": fin.get("turns"),
                     "exit_code": exit_code,
+                    "usage": st.usage,
+                    "failure": st.failure,
+                    "retryable": outcome.retryable,
+                    "fallbacks": st.fallbacks,
                 },
                 indent=2,
             )

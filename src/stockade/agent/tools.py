@@ -99,31 +99,48 @@ def json_schema(tool: Tool) -> dict[str, Any]:
     }
 
 
-def openai_tools(names: list[str] | tuple[str, ...]) -> list[dict[str, Any]]:
+def openai_tools(names: list[str] | tuple[str, ...], *, strict: bool = True) -> list[dict[str, Any]]:
+    """Chat completions ``tools``."""
+    out = []
+    for n in names:
+        fn: dict[str, Any] = {
+            "name": TOOLS[n].name,
+            "description": TOOLS[n].description,
+            "parameters": json_schema(TOOLS[n]),
+        }
+        if strict:
+            fn["strict"] = True
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def responses_tools(names: list[str] | tuple[str, ...], *, strict: bool = True) -> list[dict[str, Any]]:
+    """Responses API ``tools`` (flat function tools; ``strict`` is required there)."""
     return [
         {
             "type": "function",
-            "function": {
-                "name": TOOLS[n].name,
-                "description": TOOLS[n].description,
-                "parameters": json_schema(TOOLS[n]),
-                "strict": True,
-            },
+            "name": TOOLS[n].name,
+            "description": TOOLS[n].description,
+            "parameters": json_schema(TOOLS[n]),
+            "strict": strict,
         }
         for n in names
     ]
 
 
-def anthropic_tools(names: list[str] | tuple[str, ...]) -> list[dict[str, Any]]:
-    return [
-        {
+def anthropic_tools(names: list[str] | tuple[str, ...], *, strict: bool = True) -> list[dict[str, Any]]:
+    """Messages ``tools``; ``strict`` only where the model takes it (Claude 4.5 and later)."""
+    out = []
+    for n in names:
+        tool: dict[str, Any] = {
             "name": TOOLS[n].name,
             "description": TOOLS[n].description,
             "input_schema": json_schema(TOOLS[n]),
-            "strict": True,
         }
-        for n in names
-    ]
+        if strict:
+            tool["strict"] = True
+        out.append(tool)
+    return out
 
 
 class CallRejected(ValueError):

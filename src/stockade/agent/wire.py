@@ -1,26 +1,36 @@
-"""Provider wire formats: OpenAI chat completions and Anthropic messages.
+"""Provider wire formats: what is sent to a model and what comes back, per provider.
 
-Translates the loop's internal messages (see ``stockade.agent.loop``) into a
-provider request body, and a provider response body back into a reply plus
-token usage. Pure: the broker does the HTTP.
+Translates the host conversation (see ``stockade.agent.conversation``) into a
+provider request body, and a provider response body back into a ``Reply``:
+text, tool calls, normalised stop reason, token usage and the provider's own
+assistant content to replay on the next turn (thinking blocks, reasoning
+items, tool arguments repaired into valid JSON).
 
-Standard library only, and ``stockade.agent.tools``.
+Four providers: ``openai`` (chat completions, any compatible server),
+``openai-responses`` (the Responses API), ``azure`` (chat completions on a
+classic Azure deployment URL) and ``anthropic`` (messages). The formats live
+in ``wire_chat``, ``wire_responses`` and ``wire_anthropic``; this module
+holds what they share and dispatches. What each model accepts (no
+``parallel_tool_calls`` or ``temperature`` for o-series, ``strict`` tools
+only for Claude 4.5 and later) is decided here, from the model name, and
+``omit`` carries the optional fields a server rejected at run time.
+
+Pure: the broker does the HTTP. Standard library only, and the
+provider modules it dispatches to (``stockade.agent.wire_chat``,
+``stockade.agent.wire_responses``, ``stockade.agent.wire_anthropic``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from stockade.agent.tools import anthropic_tools, openai_tools
+PROVIDERS = ("openai", "openai-responses", "azure", "anthropic")
 
-PROVIDERS = ("openai", "anthropic")
-ANTHROPIC_VERSION = "2023-06-01"
-#: Anthropic honours ``strict`` on tool definitions under this beta.
-ANTHROPIC_STRICT_BETA = "structured-outputs-2025-11-13"
-DEFAULT_BASE = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
-MAX_TOKENS = 8192
+Message = dict[str, Any]
 
 
 class WireError(ValueError):
@@ -28,12 +38,61 @@ class WireError(ValueError):
 
 
 @dataclass(frozen=True)
+class Usage:
+    """Tokens of one call. ``input_tokens`` includes the cached ones; ``output_tokens``
+    includes the reasoning ones (as every provider bills them)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+            "cached_tokens": self.cached_tokens, "reasoning_tokens": self.reasoning_tokens,
+        }
+
+    @property
+    def total(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+#: Normalised stop reasons.
+END, TOOL_USE, LENGTH, REFUSAL, CONTENT_FILTER, CONTEXT_WINDOW, OTHER = (
+    "end", "tool_use", "length", "refusal", "content_filter", "context_window", "other")
+
+
+@dataclass(frozen=True)
 class Reply:
     text: str
-    tool_calls: tuple[dict[str, str], ...]  # {"id", "name", "arguments"}
-    input_tokens: int | None
-    output_tokens: int | None
+    tool_calls: tuple[dict[str, str], ...]  # {"id", "name", "arguments"} as the model wrote them
+    usage: Usage
+    #: one of END, TOOL_USE, LENGTH, REFUSAL, CONTENT_FILTER, CONTEXT_WINDOW, OTHER
     stop: str
+    #: the provider's own word for it (``finish_reason``, ``stop_reason``, ``status``)
+    stop_raw: str = ""
+    refusal: str = ""
+    #: the provider's assistant content, to replay as it came on the next request
+    native: Any = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The step's ``params``, as the wire builders read them."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    reasoning_effort: str | None = None
+    tool_choice: str | None = None
+    thinking: Mapping[str, Any] | None = None
+
+
+@dataclass
+class Built:
+    body: dict[str, Any]
+    #: what was left out or renamed for this model, and why (recorded once)
+    notes: list[str] = field(default_factory=list)
 
 
 def split_model(spec: str) -> tuple[str, str]:
@@ -44,157 +103,138 @@ def split_model(spec: str) -> tuple[str, str]:
     return provider, model
 
 
-def endpoint(provider: str, base_url: str | None) -> str:
-    base = (base_url or DEFAULT_BASE[provider]).rstrip("/")
-    if provider == "openai":
-        return base + "/chat/completions"
-    # ANTHROPIC_BASE_URL is documented without the /v1 suffix; accept both.
-    return base + ("/messages" if base.endswith("/v1") else "/v1/messages")
+# -- what each model accepts ----------------------------------------------------
 
 
-def headers(provider: str, key: str | None) -> dict[str, str]:
-    h = {"content-type": "application/json"}
-    if provider == "openai":
-        if key:
-            h["authorization"] = f"Bearer {key}"
-    else:
-        h["anthropic-version"] = ANTHROPIC_VERSION
-        h["anthropic-beta"] = ANTHROPIC_STRICT_BETA
-        if key:
-            h["x-api-key"] = key
-    return h
+def _base_name(model: str) -> str:
+    # LiteLLM and other proxies name models "openai/o3-mini" or "azure/o1".
+    return model.rsplit("/", 1)[-1].lower()
 
 
-# -- OpenAI -----------------------------------------------------------------
+def o_series(model: str) -> bool:
+    """o1, o3, o4-mini, ...: reject ``parallel_tool_calls`` and ``temperature``."""
+    return re.match(r"^o\d", _base_name(model)) is not None
 
 
-def to_openai(model: str, messages: list[dict[str, Any]], tools: list[str]) -> dict[str, Any]:
-    out: list[dict[str, Any]] = []
-    for m in messages:
-        role = m["role"]
-        if role in ("system", "user"):
-            out.append({"role": role, "content": m["text"]})
-        elif role == "assistant":
-            msg: dict[str, Any] = {"role": "assistant", "content": m.get("text") or None}
-            if m.get("tool_calls"):
-                msg["tool_calls"] = [
-                    {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-                    for c in m["tool_calls"]
-                ]
-            out.append(msg)
-        elif role == "tool":
-            for r in m["results"]:
-                out.append({"role": "tool", "tool_call_id": r["id"], "content": r["content"]})
-        else:
-            raise WireError(f"unknown internal role {role!r}")
-    body: dict[str, Any] = {"model": model, "messages": out}
-    if tools:
-        body["tools"] = openai_tools(tools)
-        body["parallel_tool_calls"] = False
-    return body
+def reasoning_model(model: str) -> bool:
+    """Models that take ``max_completion_tokens`` and only the default temperature."""
+    name = _base_name(model)
+    return o_series(model) or (name.startswith("gpt-5") and "chat" not in name)
 
 
-def from_openai(body: Any) -> Reply:
+def claude_version(model: str) -> tuple[int, int] | None:
+    """(major, minor) of a Claude model name, old (claude-3-5-sonnet) or new (claude-sonnet-4-5)."""
+    name = _base_name(model)
+    m = re.match(r"^claude-(?:[a-z]+-)?(\d+)(?:[-.](\d{1,2}))?(?=$|[-.@])", name)
+    if m is None:
+        return None
+    return int(m.group(1)), int(m.group(2) or 0)
+
+
+def anthropic_strict(model: str) -> bool:
+    """Strict tool schemas: Claude 4.5 and later take ``strict``; earlier ones answer 400."""
+    v = claude_version(model)
+    return v is not None and v >= (4, 5)
+
+
+# -- tool arguments -------------------------------------------------------------
+
+
+def arguments_object(arguments: Any) -> dict[str, Any]:
+    """A tool call's arguments as a JSON object; anything malformed becomes ``{}``.
+
+    Replayed history must be valid JSON: Ollama and older vLLM parse the
+    arguments of earlier turns and reject the whole request otherwise. The
+    jail still gets the raw text, so the model is told what was wrong.
+    """
+    if isinstance(arguments, dict):
+        return arguments
+    if isinstance(arguments, str):
+        try:
+            value = json.loads(arguments)
+        except (json.JSONDecodeError, RecursionError):
+            return {}
+        return value if isinstance(value, dict) else {}
+    return {}
+
+
+def arguments_json(arguments: Any) -> str:
+    """The arguments as JSON text that parses to an object (for replay): the
+    model's own text when it is one, else the repaired object."""
+    if _parses(arguments):
+        assert isinstance(arguments, str)
+        return arguments
+    return json.dumps(arguments_object(arguments), ensure_ascii=False)
+
+
+def _parses(text: Any) -> bool:
+    if not isinstance(text, str):
+        return False
     try:
-        choice = body["choices"][0]
-        msg = choice["message"]
-        calls: list[dict[str, str]] = []
-        for i, c in enumerate(msg.get("tool_calls") or []):
-            fn = c["function"]
-            args = fn.get("arguments")
-            calls.append(
-                {
-                    "id": str(c.get("id") or f"call_{i}"),
-                    "name": str(fn["name"]),
-                    "arguments": args if isinstance(args, str) else json.dumps(args),
-                }
-            )
-        usage = body.get("usage") or {}
-        return Reply(
-            text=msg.get("content") or "",
-            tool_calls=tuple(calls),
-            input_tokens=usage.get("prompt_tokens"),
-            output_tokens=usage.get("completion_tokens"),
-            stop=str(choice.get("finish_reason") or ""),
-        )
-    except (KeyError, IndexError, TypeError, AttributeError) as e:
-        raise WireError(f"not an OpenAI chat completion: missing {e}") from None
+        return isinstance(json.loads(text), dict)
+    except (json.JSONDecodeError, RecursionError):
+        return False
 
 
-# -- Anthropic --------------------------------------------------------------
+def raw_arguments(arguments: Any) -> str:
+    """The arguments as the jail gets them: the model's text, or JSON for an object."""
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
 
 
-def _input_object(arguments: str) -> Any:
-    try:
-        value = json.loads(arguments)
-    except json.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
+def unique_ids(ids: list[str], prefix: str) -> list[str]:
+    """Tool call ids, with missing or repeated ones (some servers send none) made unique."""
+    out: list[str] = []
+    for i, raw in enumerate(ids):
+        cid = raw or f"{prefix}_{i}"
+        while cid in out:
+            cid = f"{cid}_{i}"
+        out.append(cid)
+    return out
 
 
-def to_anthropic(model: str, messages: list[dict[str, Any]], tools: list[str]) -> dict[str, Any]:
-    system: list[str] = []
-    out: list[dict[str, Any]] = []
-    for m in messages:
-        role = m["role"]
-        if role == "system":
-            system.append(m["text"])
-        elif role == "user":
-            out.append({"role": "user", "content": m["text"]})
-        elif role == "assistant":
-            blocks: list[dict[str, Any]] = []
-            if m.get("text"):
-                blocks.append({"type": "text", "text": m["text"]})
-            for c in m.get("tool_calls") or []:
-                blocks.append({"type": "tool_use", "id": c["id"], "name": c["name"], "input": _input_object(c["arguments"])})
-            out.append({"role": "assistant", "content": blocks or [{"type": "text", "text": "(no text)"}]})
-        elif role == "tool":
-            out.append(
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "tool_result", "tool_use_id": r["id"], "content": r["content"], "is_error": bool(r["is_error"])}
-                        for r in m["results"]
-                    ],
-                }
-            )
-        else:
-            raise WireError(f"unknown internal role {role!r}")
-    body: dict[str, Any] = {"model": model, "max_tokens": MAX_TOKENS, "messages": out}
-    if system:
-        body["system"] = "\n\n".join(system)
-    if tools:
-        body["tools"] = anthropic_tools(tools)
-    return body
+def num(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def from_anthropic(body: Any) -> Reply:
-    try:
-        if body.get("type") == "error":
-            raise WireError(f"Anthropic error: {body.get('error')}")
-        texts: list[str] = []
-        calls: list[dict[str, str]] = []
-        for block in body["content"]:
-            kind = block.get("type")
-            if kind == "text":
-                texts.append(block["text"])
-            elif kind == "tool_use":
-                calls.append({"id": str(block["id"]), "name": str(block["name"]), "arguments": json.dumps(block.get("input", {}))})
-        usage = body.get("usage") or {}
-        return Reply(
-            text="".join(texts),
-            tool_calls=tuple(calls),
-            input_tokens=usage.get("input_tokens"),
-            output_tokens=usage.get("output_tokens"),
-            stop=str(body.get("stop_reason") or ""),
-        )
-    except (KeyError, TypeError, AttributeError) as e:
-        raise WireError(f"not an Anthropic message: missing {e}") from None
+# -- dispatch -------------------------------------------------------------------
 
 
-def build_request(provider: str, model: str, messages: list[dict[str, Any]], tools: list[str]) -> dict[str, Any]:
-    return (to_openai if provider == "openai" else to_anthropic)(model, messages, tools)
+def build_request(provider: str, model: str, messages: list[Message], tools: list[str],
+                  settings: Settings | None = None, omit: frozenset[str] = frozenset()) -> Built:
+    s = settings or Settings()
+    if provider in ("openai", "azure"):
+        from stockade.agent import wire_chat
+
+        return wire_chat.build(model, messages, tools, s, omit)
+    if provider == "openai-responses":
+        from stockade.agent import wire_responses
+
+        return wire_responses.build(model, messages, tools, s, omit)
+    if provider == "anthropic":
+        from stockade.agent import wire_anthropic
+
+        return wire_anthropic.build(model, messages, tools, s, omit)
+    raise ValueError(f"unknown provider {provider!r}")
 
 
 def parse_response(provider: str, body: Any) -> Reply:
-    return (from_openai if provider == "openai" else from_anthropic)(body)
+    if not isinstance(body, dict):
+        raise WireError(f"the provider answered {type(body).__name__}, not a JSON object")
+    if provider in ("openai", "azure"):
+        from stockade.agent import wire_chat
+
+        return wire_chat.parse(body)
+    if provider == "openai-responses":
+        from stockade.agent import wire_responses
+
+        return wire_responses.parse(body)
+    from stockade.agent import wire_anthropic
+
+    return wire_anthropic.parse(body)
+
+
+#: The key in a request body holding the conversation (recorded as deltas).
+CONVERSATION_KEY = {"openai": "messages", "azure": "messages", "anthropic": "messages",
+                    "openai-responses": "input"}

@@ -135,7 +135,19 @@ def _print_header(view: history.RunView) -> None:
     if view.vars:
         click.echo("vars: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in view.vars.items()))
     if view.usage:
-        click.echo("tokens: " + ", ".join(f"{k} {v}" for k, v in sorted(view.usage.items())))
+        click.echo("tokens: " + _tokens(view.usage))
+
+
+def _tokens(u: dict[str, int]) -> str:
+    """``1,234 in (100 cached), 56 out (20 reasoning), 3 model calls``."""
+    text = f"{u.get('input_tokens', 0):,} in"
+    if u.get("cached_tokens"):
+        text += f" ({u['cached_tokens']:,} cached)"
+    text += f", {u.get('output_tokens', 0):,} out"
+    if u.get("reasoning_tokens"):
+        text += f" ({u['reasoning_tokens']:,} reasoning)"
+    calls = u.get("model_calls", 0)
+    return text + f", {calls} model call{'' if calls == 1 else 's'}"
 
 
 def _print_run(view: history.RunView, show_all: bool) -> None:
@@ -154,6 +166,9 @@ def _print_step(view: history.RunView, sid: str, *, show_all: bool) -> None:
     kind = view.kinds.get(sid, "")
     retried = view.retries.get(sid, 0)
     extra = f", {retried} {'retry' if retried == 1 else 'retries'}" if retried else ""
+    usage = view.step_usage(sid)
+    if usage:
+        extra += f"; tokens {_tokens(usage)}"
     click.echo(f"{sid} ({kind}): {summary}{extra}")
     shown = items if show_all else items[:LIST_LIMIT]
     for rec in shown:
@@ -188,6 +203,8 @@ def _print_item(view: history.RunView, d: history.ItemView) -> None:
         click.echo(f"  attempt {a.attempt}: {a.outcome}  started {_when(a.started_at)}  "
                    f"{a.ended_at - a.started_at:.2f}s  exit {a.exit_code}"
                    + (f"  {a.message}" if a.message else ""))
+    if rec.usage:
+        click.echo(f"  tokens: {_tokens(rec.usage)}")
     for o in rec.outputs:
         click.echo(f"  out/{o.name}  {o.size} bytes  sha256 {o.sha256}")
     if d.publish:

@@ -149,6 +149,7 @@ def _finish(result: Any, as_json: bool, t0: float) -> None:
             "sandbox": {"backend": result.sandbox.backend.name, "enforced": result.sandbox.enforced},
             "steps": {k: str(v) for k, v in s.steps.items()}, "items": s.items,
             "retries": dict(s.retries), "reused": dict(s.reused), "problems": list(s.messages),
+            "usage": dict(s.usage),
             "duration": round(time.monotonic() - t0, 3),
         }, indent=2, sort_keys=True))
     else:

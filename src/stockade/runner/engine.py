@@ -74,6 +74,8 @@ from stockade.store.base import (
     ItemRecord,
     ReuseCandidate,
     ReuseEntry,
+    add_usage,
+    sum_usage,
 )
 from stockade.store.base import Event as StoreEvent
 from stockade.workspace.artifacts import Output, to_json_value
@@ -97,6 +99,8 @@ class RunSummary:
     retries: Mapping[str, int] = field(default_factory=dict)
     #: Items taken from earlier runs, per step.
     reused: Mapping[str, int] = field(default_factory=dict)
+    #: Agent token usage of the whole run, from the store (``show`` gives the same).
+    usage: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -111,6 +115,8 @@ class _Item:
     candidates: list[ReuseCandidate] = field(default_factory=list)
     reuse_key: str | None = None
     digests: list[InputDigest] = field(default_factory=list)
+    #: Agent tokens spent by this item's attempts so far.
+    usage: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -459,6 +465,7 @@ class Engine:
         sr = self.steps[attempt.step.id]
         it = sr.items[attempt.item.index]
         it.outcome = outcome
+        it.usage = add_usage(it.usage, outcome.usage)
         if not is_inline(attempt.step):
             self._pending_attempts.append(AttemptRecord(
                 self.run.run_id, attempt.step.id, attempt.item.index, outcome.attempt,
@@ -496,7 +503,7 @@ class Engine:
             result=self.ctx.masker.value(to_json_value(out.result)),
             value=self.ctx.masker.value(to_json_value(it.value)),
             message=self.ctx.masker.text(out.message), started_at=out.started_at,
-            ended_at=out.ended_at, outputs=tuple(arts), key=it.key,
+            ended_at=out.ended_at, outputs=tuple(arts), key=it.key, usage=it.usage,
             reused_from=dict(out.reused_from) if out.reused_from else None,
         )
         self._pending_items.append((rec, arts))
@@ -565,5 +572,9 @@ class Engine:
         statuses = {sid: self.scheduler.step_status(sid) for sid in self.steps}
         retries = {sid: sr.retries for sid, sr in self.steps.items() if sr.retries}
         reused = {sid: sr.reused for sid, sr in self.steps.items() if sr.reused}
-        return RunSummary(status, statuses, counts, tuple(self.messages), retries, reused)
+        # From the store, so a resumed run counts the items it kept too; only
+        # runs with agent steps have any (and only they pay for the read).
+        agents = any(sr.step.kind == "agent" for sr in self.steps.values())
+        usage = sum_usage(self.store.items(self.run.run_id)) if agents else {}
+        return RunSummary(status, statuses, counts, tuple(self.messages), retries, reused, usage)
 

@@ -20,7 +20,7 @@ from typing import Any
 from stockade.errors import UserError
 from stockade.runner.runs import run_path, state
 from stockade.runner.status import RunStatus
-from stockade.store.base import AttemptRecord, ItemRecord, RunRecord, Store
+from stockade.store.base import AttemptRecord, ItemRecord, RunRecord, Store, sum_usage
 from stockade.workspace.layout import ItemDir, RunDir, read_json
 from stockade.workspace.records import Provenance
 
@@ -35,6 +35,7 @@ class RunView:
     vars: dict[str, Any]
     by_step: dict[str, list[ItemRecord]]
     retries: dict[str, int] = field(default_factory=dict)
+    #: Agent token usage of the whole run (summed from the items' store records).
     usage: dict[str, int] = field(default_factory=dict)
     manifest: dict[str, Any] = field(default_factory=dict)
 
@@ -48,6 +49,10 @@ class RunView:
     def items(self, step: str) -> list[ItemRecord]:
         return self.by_step.get(step, [])
 
+    def step_usage(self, step: str) -> dict[str, int]:
+        """Agent token usage of one step's items together."""
+        return sum_usage(self.items(step))
+
     def counts(self, step: str) -> dict[str, int]:
         out: dict[str, int] = {}
         for i in self.items(step):
@@ -58,6 +63,7 @@ class RunView:
         return {
             "id": step, "kind": self.kinds.get(step, ""), "needs": self.needs.get(step, []),
             "counts": self.counts(step), "retries": self.retries.get(step, 0),
+            "usage": self.step_usage(step),
             "items": [item_json(i) for i in self.items(step)],
         }
 
@@ -100,17 +106,12 @@ def run_view(store: Store, record: RunRecord) -> RunView:
     kinds = {s["id"]: str(s.get("kind", "")) for s in declared if isinstance(s, dict)}
     needs = {s["id"]: list(s.get("needs", [])) for s in declared if isinstance(s, dict)}
     retries: dict[str, int] = {}
-    usage: dict[str, int] = {}
     for ev in store.events(record.run_id):
         if ev.kind == "retry_scheduled":
             step = str(ev.data.get("step", ""))
             retries[step] = retries.get(step, 0) + 1
-        elif ev.kind == "agent_usage":
-            for k, v in (ev.data.get("usage") or {}).items():
-                if isinstance(v, int):
-                    usage[k] = usage.get(k, 0) + v
     return RunView(record, state(record), step_ids, kinds, needs,
-                   dict(manifest.get("vars") or {}), by_step, retries, usage, manifest)
+                   dict(manifest.get("vars") or {}), by_step, retries, sum_usage(items), manifest)
 
 
 @dataclass

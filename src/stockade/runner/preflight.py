@@ -4,8 +4,10 @@
 problem is a ``FILE:LINE:COL`` ``Problem`` and they are reported together,
 with exit 2, before any run folder exists. What it checks beyond the pure
 spec checks: the host paths ``file()``/``tree()`` name (they must exist and
-be a file or a folder) and, for a run only, the declared secrets and the agent providers' keys or base URLs in the
-engine's environment.
+be a file or a folder) and, for a run only, the declared secrets and what
+each agent step's provider and ``endpoint:`` need from the engine's
+environment (a key or base URL; Azure's resource URL and key; the variable
+``endpoint.api_key_env`` names).
 
 Reads the disk and the environment; must not import the engine or the CLI.
 """
@@ -17,14 +19,9 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from stockade.agent import endpoints
 from stockade.errors import Problem, UserError
 from stockade.spec import Spec
-
-#: The environment variables each model provider is reached with.
-PROVIDER_ENV: Mapping[str, tuple[str, str]] = {
-    "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL"),
-    "anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"),
-}
 
 
 def preflight(spec: Spec, base: Path, env: Mapping[str, str] | None) -> list[Problem]:
@@ -54,12 +51,12 @@ def preflight(spec: Spec, base: Path, env: Mapping[str, str] | None) -> list[Pro
         if step.agent is None:
             continue
         provider = step.agent.model.split("/", 1)[0]
-        key_var, url_var = PROVIDER_ENV.get(provider, (f"{provider.upper()}_API_KEY",
-                                                       f"{provider.upper()}_BASE_URL"))
-        if not env.get(key_var) and not env.get(url_var):
-            add(("steps", i, "agent", "model"),
-                f"{step.agent.model} needs {key_var} in the engine's environment (or {url_var} "
-                "for a compatible server that needs no key); the key stays on the host")
+        for field, message in endpoints.problems(provider, endpoints.step_endpoint(step.agent.endpoint),
+                                                 env):
+            if field == "model":
+                add(("steps", i, "agent", "model"), f"{step.agent.model} {message}")
+            else:
+                add(("steps", i, "agent", "endpoint", field), message)
     return _sorted(problems)
 
 

@@ -244,6 +244,7 @@ class Checker:
         self._secrets(base, step, label)
         self._writes(base, step, label)
         self._outputs(base, step, label)
+        self._agent(base, step, label)
 
     def _template(self, path: DataPath, t: Template, slot: str, label: str,
                   step: dict[str, Any], needs: set[str], has_for_each: bool) -> None:
@@ -361,6 +362,56 @@ class Checker:
                 self.add(at, f"outputs pattern {pattern!r} of {label}: outputs are named "
                              f"relative to out/ (write {pattern.removeprefix('out/')!r} for "
                              f"{'out/' + pattern.removeprefix('out/')})")
+
+    def _agent(self, base: DataPath, step: dict[str, Any], label: str) -> None:
+        """Agent settings that each provider's API would refuse, caught before a run."""
+        agent = step.get("agent")
+        if not isinstance(agent, dict):
+            return
+        model = agent.get("model")
+        provider = model.split("/", 1)[0] if isinstance(model, str) else "openai"
+        params = agent.get("params") if isinstance(agent.get("params"), dict) else {}
+        assert isinstance(params, dict)
+        at_params = (*base, "agent", "params")
+        thinking = params.get("thinking")
+        if thinking is not None and provider != "anthropic":
+            self.add(self.key_position((*at_params, "thinking")),
+                     f"agent.params.thinking of {label} applies to anthropic/ models; for "
+                     f"{provider}/ use reasoning_effort")
+        if provider == "anthropic" and params.get("temperature") is not None:
+            self.add(self.key_position((*at_params, "temperature")),
+                     f"agent.params.temperature of {label}: the Anthropic Messages API takes no "
+                     "temperature; remove it (use thinking or reasoning_effort to steer the model)")
+        effort = params.get("reasoning_effort")
+        if provider == "anthropic" and effort in ("none", "minimal"):
+            self.add(self.position((*at_params, "reasoning_effort")),
+                     f"agent.params.reasoning_effort of {label}: anthropic/ models take low, "
+                     f"medium, high, xhigh or max, not {effort!r}")
+        enabled = isinstance(thinking, dict) and thinking.get("type", "enabled") == "enabled"
+        if enabled and provider == "anthropic":
+            assert isinstance(thinking, dict)
+            budget = thinking.get("budget_tokens")
+            limit = params.get("max_tokens")
+            if isinstance(budget, int) and isinstance(limit, int) and limit <= budget:
+                self.add(self.position((*at_params, "max_tokens")),
+                         f"agent.params.max_tokens of {label} ({limit}) must be larger than "
+                         f"thinking.budget_tokens ({budget}): thinking counts against it")
+            if params.get("tool_choice") == "required":
+                self.add(self.position((*at_params, "tool_choice")),
+                         f"agent.params.tool_choice of {label}: with thinking enabled Anthropic "
+                         "takes only auto or none")
+        endpoint = agent.get("endpoint")
+        if isinstance(endpoint, dict) and endpoint.get("api_version") is not None \
+                and provider != "azure":
+            self.add(self.key_position((*base, "agent", "endpoint", "api_version")),
+                     f"agent.endpoint.api_version of {label} applies to azure/ models only")
+        outputs = step.get("outputs")
+        tools = agent.get("tools", ["read_file", "list_dir"])
+        if isinstance(outputs, list) and outputs and isinstance(tools, list) \
+                and not any(t in ("create_file", "apply_patch") for t in tools):
+            self.add(self.key_position((*base, "outputs")),
+                     f"{label} declares outputs but its agent has no write tool; add create_file "
+                     "to agent.tools")
 
     def _writes(self, base: DataPath, step: dict[str, Any], label: str) -> None:
         agent = step.get("agent")

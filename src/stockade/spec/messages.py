@@ -16,13 +16,29 @@ from typing import Any
 from pydantic import BaseModel
 
 from stockade.errors import Problem
-from stockade.spec.model import Agent, Publish, Resources, SandboxSettings, Step, Workflow
+from stockade.spec.model import (
+    MODEL_PATTERN,
+    Agent,
+    AgentParams,
+    Budget,
+    Endpoint,
+    Publish,
+    Resources,
+    SandboxSettings,
+    Step,
+    Thinking,
+    Workflow,
+)
 
 Pos = tuple[int, int]
 DataPath = tuple[str | int, ...]
 
 _MODELS: dict[str, type[BaseModel]] = {
     "agent": Agent, "publish": Publish, "resources": Resources, "sandbox": SandboxSettings,
+}
+#: Models nested in ``agent:`` (steps, i, agent, KEY[, KEY]).
+_AGENT_MODELS: dict[str, type[BaseModel]] = {
+    "params": AgentParams, "endpoint": Endpoint, "budget": Budget, "thinking": Thinking,
 }
 
 
@@ -34,6 +50,8 @@ def model_at(path: DataPath) -> type[BaseModel] | None:
     last = path[-1]
     if isinstance(last, str) and last in _MODELS and (last == "sandbox" or len(path) == 3):
         return _MODELS[last]
+    if len(path) in (4, 5) and path[2] == "agent" and isinstance(last, str) and last in _AGENT_MODELS:
+        return _AGENT_MODELS[last]
     return None
 
 
@@ -94,7 +112,10 @@ _PATTERN_HELP = {
     r"^[a-z0-9][a-z0-9_-]*$": _ID_HELP,
     r"^[A-Za-z_][A-Za-z0-9_]*$": "letters, digits and '_', not starting with a digit",
     r"^(\*\.)?[A-Za-z0-9.-]+(:[0-9]{1,5})?$": "a host[:port] pattern such as api.example.com:443 or *.example.com",
-    r"^(openai|anthropic)/.+$": "provider/model with provider openai or anthropic, e.g. openai/gpt-4.1-mini",
+    MODEL_PATTERN: "provider/model with provider openai, openai-responses, azure or anthropic, "
+                   "e.g. openai/gpt-4.1-mini",
+    r"^https?://[^\s/]+.*$": "an http:// or https:// URL, e.g. http://127.0.0.1:8000/v1",
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}(-preview)?$": "an Azure api-version such as 2024-10-21",
 }
 
 

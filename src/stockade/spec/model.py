@@ -54,10 +54,58 @@ class Resources(_Strict):
     file_size: Size | None = None
 
 
+PROVIDERS = ("openai", "openai-responses", "azure", "anthropic")
+MODEL_PATTERN = r"^(openai|openai-responses|azure|anthropic)/.+$"
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
+class Thinking(_Strict):
+    """Anthropic extended thinking, passed through as the ``thinking`` field."""
+
+    type: Literal["enabled", "adaptive", "disabled"] = "enabled"
+    #: tokens the model may think (``enabled`` only; at least 1024)
+    budget_tokens: Annotated[int, Field(ge=1024)] | None = None
+    display: Literal["summarized", "omitted"] | None = None
+
+    @model_validator(mode="after")
+    def _budget(self) -> Thinking:
+        if self.type == "enabled" and self.budget_tokens is None:
+            raise ValueError("thinking of type enabled needs budget_tokens (at least 1024)")
+        if self.type != "enabled" and self.budget_tokens is not None:
+            raise ValueError(f"budget_tokens applies to thinking of type enabled, not {self.type}")
+        return self
+
+
+class AgentParams(_Strict):
+    """Settings passed to the provider (each translated to its own field name)."""
+
+    max_tokens: Annotated[int, Field(gt=0, le=1_000_000)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    tool_choice: Literal["auto", "required", "none"] | None = None
+    thinking: Thinking | None = None
+
+
+class Endpoint(_Strict):
+    """Another server or key for one step."""
+
+    base_url: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+.*$")] | None = None
+    #: the host variable holding the key (never the key itself)
+    api_key_env: EnvName | None = None
+    #: Azure's ``api-version`` (azure/ only)
+    api_version: Annotated[str, StringConstraints(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}(-preview)?$")] | None = None
+
+
+class Budget(_Strict):
+    #: input + output tokens the item's model calls may spend
+    tokens: Annotated[int, Field(gt=0)]
+
+
 class Agent(_Strict):
-    model: Annotated[str, StringConstraints(pattern=r"^(openai|anthropic)/.+$")] = Field(
+    model: Annotated[str, StringConstraints(pattern=MODEL_PATTERN)] = Field(
         default="openai/gpt-4.1-mini",
-        description="provider/model: openai (chat completions, any compatible server) or anthropic (messages)",
+        description="provider/model: openai (chat completions, any compatible server), "
+                    "openai-responses (Responses API), azure (a deployment), anthropic (messages)",
     )
     prompt: Annotated[str, StringConstraints(min_length=1)]
     tools: list[Literal["read_file", "list_dir", "create_file", "apply_patch"]] = Field(
@@ -68,6 +116,11 @@ class Agent(_Strict):
     )
     max_turns: Annotated[int, Field(gt=0, le=1000)] = 20
     approve: Literal["auto", "ask"] = "auto"
+    #: seconds for one model call; always finite
+    request_timeout: Annotated[float, Field(gt=0, le=86400)] = 600
+    params: AgentParams = Field(default_factory=AgentParams)
+    endpoint: Endpoint | None = None
+    budget: Budget | None = None
 
 
 class Publish(_Strict):

@@ -71,6 +71,36 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "writes": "Glob patterns write tools may write to (default out/**).",
         "max_turns": "Most model turns before the item fails.",
         "approve": "auto, or ask: echo each write target and wait for y/N.",
+        "model": "provider/model: openai/ (chat completions, any compatible server), "
+                 "openai-responses/ (the Responses API), azure/ (a classic deployment: the name "
+                 "after azure/ is the deployment), anthropic/ (messages).",
+        "request_timeout": "Seconds for one model call (default 600; always finite). Rate "
+                           "limits and overloads are retried inside the call.",
+        "params": "Passed to the provider: max_tokens, temperature, reasoning_effort, "
+                  "tool_choice, thinking (anthropic/).",
+        "endpoint": "Another server or key for this step: base_url, api_key_env (the host "
+                    "variable holding the key), api_version (azure/).",
+        "budget": "tokens: input + output tokens the item may spend; the broker stops the "
+                  "item past it.",
+    },
+    "AgentParams": {
+        "max_tokens": "Output limit of one reply (Anthropic's default here: 8192).",
+        "temperature": "Sampling temperature (openai/, azure/, openai-responses/; not sent to "
+                       "o-series and GPT-5 reasoning models; the Anthropic API has none).",
+        "reasoning_effort": "Reasoning effort (OpenAI reasoning_effort, Responses reasoning.effort, "
+                            "Anthropic output_config.effort).",
+        "tool_choice": "auto, required or none.",
+        "thinking": "Anthropic extended thinking: {type: enabled, budget_tokens: N}, "
+                    "{type: adaptive} or {type: disabled}.",
+    },
+    "Endpoint": {
+        "base_url": "The server's base URL (OpenAI-compatible servers end in /v1). Receives "
+                    "only the key named by api_key_env, never the provider's default key.",
+        "api_key_env": "The name of the host environment variable holding the key.",
+        "api_version": "Azure OpenAI api-version (default $OPENAI_API_VERSION or 2024-10-21).",
+    },
+    "Budget": {
+        "tokens": "Input + output tokens the item's model calls may spend.",
     },
 }
 

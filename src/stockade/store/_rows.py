@@ -20,6 +20,10 @@ from stockade.store.base import (
     StepTally,
 )
 
+#: The items table's columns in the order ``item_from_row`` reads them: named, never
+#: ``*``, since stores migrated by ALTER TABLE hold them in the order they were added.
+ITEM_COLUMNS = "run_id, step, item, status, attempt, result, value, message, started_at, ended_at, key, reused_from, usage"
+
 
 def dump_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False)
@@ -44,6 +48,7 @@ def item_from_row(r: Sequence[Any], outputs: Sequence[ArtifactRecord]) -> ItemRe
         message=r[7], started_at=r[8], ended_at=r[9], outputs=tuple(outputs),
         key=r[10] if len(r) > 10 and r[10] else str(r[2]),
         reused_from=load_json(r[11]) if len(r) > 11 else None,
+        usage=_usage(r[12]) if len(r) > 12 else {},
     )
 
 
@@ -53,6 +58,13 @@ def attempt_from_row(r: Sequence[Any]) -> AttemptRecord:
         exit_code=r[5], started_at=float(r[6]), ended_at=float(r[7]), message=r[8],
         provenance=load_json(r[9]) if len(r) > 9 else None,
     )
+
+
+def _usage(text: str | None) -> dict[str, int]:
+    value = load_json(text) if text else None
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): v for k, v in value.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
 def effect_from_row(r: Sequence[Any]) -> Effect:

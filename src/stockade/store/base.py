@@ -11,7 +11,7 @@ Must not import runner, workspace, sandbox or cli.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -71,10 +71,31 @@ class ItemRecord:
     key: str = ""
     #: ``{run_id, step, item, attempt}`` of the earlier item whose outputs were reused.
     reused_from: dict[str, Any] | None = None
+    #: Agent token usage summed over the item's attempts: input_tokens,
+    #: output_tokens, cached_tokens, reasoning_tokens, model_calls (empty for
+    #: items that call no model).
+    usage: dict[str, int] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
         return self.key or str(self.item)
+
+
+def add_usage(total: dict[str, int], more: Mapping[str, int]) -> dict[str, int]:
+    """``total`` plus ``more``, key by key (a new dict)."""
+    out = dict(total)
+    for k, v in more.items():
+        if isinstance(v, int) and not isinstance(v, bool):
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def sum_usage(items: Iterable[ItemRecord]) -> dict[str, int]:
+    """The token usage of ``items`` together (a run's, a step's)."""
+    total: dict[str, int] = {}
+    for i in items:
+        total = add_usage(total, i.usage)
+    return total
 
 
 @dataclass(frozen=True)

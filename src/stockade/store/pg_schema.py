@@ -119,4 +119,5 @@ ALTER TABLE stockade_items ADD COLUMN IF NOT EXISTS key TEXT NOT NULL DEFAULT ''
 ALTER TABLE stockade_items ADD COLUMN IF NOT EXISTS reused_from TEXT;
 ALTER TABLE stockade_attempts ADD COLUMN IF NOT EXISTS provenance TEXT;
 CREATE INDEX IF NOT EXISTS stockade_items_key ON stockade_items (run_id, step, key);
+ALTER TABLE stockade_items ADD COLUMN IF NOT EXISTS usage TEXT NOT NULL DEFAULT '{}';
 """

@@ -21,6 +21,7 @@ import psycopg
 
 from stockade.errors import InfraError
 from stockade.store._rows import (
+    ITEM_COLUMNS,
     SPAN_COLUMNS,
     attempt_from_row,
     dump_json,
@@ -240,14 +241,16 @@ class PostgresStore(Store):
                 (i.run_id, i.step, i.item),
             )
             cur.execute(
-                "INSERT INTO stockade_items VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
+                f"INSERT INTO stockade_items ({ITEM_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
                 " ON CONFLICT (run_id, step, item) DO UPDATE SET status=EXCLUDED.status,"
                 " attempt=EXCLUDED.attempt, result=EXCLUDED.result, value=EXCLUDED.value,"
                 " message=EXCLUDED.message, started_at=EXCLUDED.started_at,"
-                " ended_at=EXCLUDED.ended_at, key=EXCLUDED.key, reused_from=EXCLUDED.reused_from",
+                " ended_at=EXCLUDED.ended_at, key=EXCLUDED.key, reused_from=EXCLUDED.reused_from,"
+                " usage=EXCLUDED.usage",
                 (i.run_id, i.step, i.item, i.status, i.attempt, dump_json(i.result), dump_json(i.value),
                  i.message, i.started_at, i.ended_at, i.key,
-                 None if i.reused_from is None else dump_json(i.reused_from)),
+                 None if i.reused_from is None else dump_json(i.reused_from),
+                 dump_json(dict(i.usage))),
             )
             if outputs:
                 cur.executemany(
@@ -272,7 +275,7 @@ class PostgresStore(Store):
         for r in self._rows(f"SELECT * FROM stockade_artifacts WHERE {where} ORDER BY name", args):
             arts.setdefault((r[1], r[2]), []).append(ArtifactRecord(*r))
         out = []
-        for r in self._rows(f"SELECT * FROM stockade_items WHERE {where} ORDER BY step, item", args):
+        for r in self._rows(f"SELECT {ITEM_COLUMNS} FROM stockade_items WHERE {where} ORDER BY step, item", args):
             out.append(item_from_row(r, arts.get((r[1], r[2]), ())))
         return out
 
@@ -284,7 +287,7 @@ class PostgresStore(Store):
     def get_item(self, run_id: str, step: str, item: int) -> ItemRecord | None:
         args = (run_id, step, item)
         rows = self._rows(
-            "SELECT * FROM stockade_items WHERE run_id=%s AND step=%s AND item=%s", args)
+            f"SELECT {ITEM_COLUMNS} FROM stockade_items WHERE run_id=%s AND step=%s AND item=%s", args)
         if not rows:
             return None
         arts = [ArtifactRecord(*r) for r in self._rows(
@@ -310,7 +313,7 @@ class PostgresStore(Store):
         args: list[Any] = [run_id, step, from_index]
         if statuses is not None:
             where, args = where + " AND status = ANY(%s)", [*args, list(statuses)]
-        rows = self._rows(f"SELECT * FROM stockade_items WHERE {where} ORDER BY item"
+        rows = self._rows(f"SELECT {ITEM_COLUMNS} FROM stockade_items WHERE {where} ORDER BY item"
                           " LIMIT %s OFFSET %s",
                           (*args, max(0, min(limit, 1000)), max(0, offset)))
         return self._with_outputs(run_id, rows)
@@ -318,13 +321,13 @@ class PostgresStore(Store):
     def find_item(self, run_id: str, step: str, *, index: int | None = None,
                   key: str | None = None) -> ItemRecord | None:
         if index is not None:
-            rows = self._rows("SELECT * FROM stockade_items WHERE run_id=%s AND step=%s"
+            rows = self._rows(f"SELECT {ITEM_COLUMNS} FROM stockade_items WHERE run_id=%s AND step=%s"
                               " AND item=%s", (run_id, step, index))
         elif key is not None:
-            rows = self._rows("SELECT * FROM stockade_items WHERE run_id=%s AND step=%s"
+            rows = self._rows(f"SELECT {ITEM_COLUMNS} FROM stockade_items WHERE run_id=%s AND step=%s"
                               " AND key=%s", (run_id, step, key))
             if not rows and key.isdigit() and int(key) < 2**31:
-                rows = self._rows("SELECT * FROM stockade_items WHERE run_id=%s AND step=%s"
+                rows = self._rows(f"SELECT {ITEM_COLUMNS} FROM stockade_items WHERE run_id=%s AND step=%s"
                                   " AND key='' AND item=%s", (run_id, step, int(key)))
         else:
             raise ValueError("find_item needs an index or a key")

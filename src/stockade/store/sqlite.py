@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.store._rows import (
+    ITEM_COLUMNS,
     SPAN_COLUMNS,
     attempt_from_row,
     dump_json,
@@ -70,6 +71,7 @@ CREATE TABLE IF NOT EXISTS items (
     ended_at REAL NOT NULL,
     key TEXT NOT NULL DEFAULT '',
     reused_from TEXT,
+    usage TEXT NOT NULL DEFAULT '{}',
     PRIMARY KEY (run_id, step, item)
 );
 CREATE TABLE IF NOT EXISTS artifacts (
@@ -203,12 +205,14 @@ class SQLiteStore(Store):
                           ("token", "INTEGER NOT NULL DEFAULT 0")):
             if col not in have:
                 self._db.execute(f"ALTER TABLE last_publish ADD COLUMN {col} {decl}")
-        # Stores made before items had keys.
+        # Stores made before items had keys, reuse origins, token usage.
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(items)")}
         if "key" not in columns:
             self._db.execute("ALTER TABLE items ADD COLUMN key TEXT NOT NULL DEFAULT ''")
         if "reused_from" not in columns:
             self._db.execute("ALTER TABLE items ADD COLUMN reused_from TEXT")
+        if "usage" not in columns:
+            self._db.execute("ALTER TABLE items ADD COLUMN usage TEXT NOT NULL DEFAULT '{}'")
         if "provenance" not in {r[1] for r in self._db.execute("PRAGMA table_info(attempts)")}:
             self._db.execute("ALTER TABLE attempts ADD COLUMN provenance TEXT")
         # After the key column exists: looking an item up by key in a 10,000-item step.
@@ -341,10 +345,11 @@ class SQLiteStore(Store):
         stmts: list[tuple[str, tuple[Any, ...]]] = [
             ("DELETE FROM artifacts WHERE run_id=? AND step=? AND item=?", (i.run_id, i.step, i.item)),
             (
-                "INSERT OR REPLACE INTO items VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT OR REPLACE INTO items ({ITEM_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (i.run_id, i.step, i.item, i.status, i.attempt, dump_json(i.result), dump_json(i.value),
                  i.message, i.started_at, i.ended_at, i.key,
-                 None if i.reused_from is None else dump_json(i.reused_from)),
+                 None if i.reused_from is None else dump_json(i.reused_from),
+                 dump_json(dict(i.usage))),
             ),
         ]
         for a in outputs:
@@ -380,7 +385,7 @@ class SQLiteStore(Store):
         for r in self._rows(f"SELECT * FROM artifacts WHERE {where} ORDER BY name", args):
             arts.setdefault((r[1], r[2]), []).append(ArtifactRecord(*r))
         out = []
-        for r in self._rows(f"SELECT * FROM items WHERE {where} ORDER BY step, item", args):
+        for r in self._rows(f"SELECT {ITEM_COLUMNS} FROM items WHERE {where} ORDER BY step, item", args):
             out.append(item_from_row(r, arts.get((r[1], r[2]), ())))
         return out
 
@@ -391,7 +396,7 @@ class SQLiteStore(Store):
 
     def get_item(self, run_id: str, step: str, item: int) -> ItemRecord | None:
         args = (run_id, step, item)
-        rows = self._rows("SELECT * FROM items WHERE run_id=? AND step=? AND item=?", args)
+        rows = self._rows(f"SELECT {ITEM_COLUMNS} FROM items WHERE run_id=? AND step=? AND item=?", args)
         if not rows:
             return None
         arts = [ArtifactRecord(*r) for r in self._rows(
@@ -418,20 +423,20 @@ class SQLiteStore(Store):
         if statuses is not None:
             where += f" AND status IN ({','.join('?' * len(statuses))})" if statuses else " AND 0"
             args += list(statuses)
-        rows = self._rows(f"SELECT * FROM items WHERE {where} ORDER BY item LIMIT ? OFFSET ?",
+        rows = self._rows(f"SELECT {ITEM_COLUMNS} FROM items WHERE {where} ORDER BY item LIMIT ? OFFSET ?",
                           (*args, max(0, min(limit, 1000)), max(0, offset)))
         return self._with_outputs(run_id, rows)
 
     def find_item(self, run_id: str, step: str, *, index: int | None = None,
                   key: str | None = None) -> ItemRecord | None:
         if index is not None:
-            rows = self._rows("SELECT * FROM items WHERE run_id=? AND step=? AND item=?",
+            rows = self._rows(f"SELECT {ITEM_COLUMNS} FROM items WHERE run_id=? AND step=? AND item=?",
                               (run_id, step, index))
         elif key is not None:
-            rows = self._rows("SELECT * FROM items WHERE run_id=? AND step=? AND key=?",
+            rows = self._rows(f"SELECT {ITEM_COLUMNS} FROM items WHERE run_id=? AND step=? AND key=?",
                               (run_id, step, key))
             if not rows and key.isdigit():
-                rows = self._rows("SELECT * FROM items WHERE run_id=? AND step=? AND key='' "
+                rows = self._rows(f"SELECT {ITEM_COLUMNS} FROM items WHERE run_id=? AND step=? AND key='' "
                                   "AND item=?", (run_id, step, int(key)))
         else:
             raise ValueError("find_item needs an index or a key")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from stockade.agent import AgentJob, start_agent
+from stockade.agent import AgentJob, endpoints, start_agent
 from stockade.expr import compile_template, render
 from stockade.runner.attempt import Attempt, Outcome, refused
 from stockade.runner.kinds.process import finish, in_jail, prepare, resources_of, run_jail
@@ -39,17 +39,15 @@ class AgentKind:
         started = attempt.clock()
         step, run = attempt.step, attempt.run
         assert step.agent is not None
-        provider = step.agent.model.split("/", 1)[0].upper()
-        if not run.host_env.get(f"{provider}_API_KEY") and \
-                not run.host_env.get(f"{provider}_BASE_URL"):
+        problems = endpoints.problems(step.agent.model.split("/", 1)[0],
+                                      endpoints.step_endpoint(step.agent.endpoint), run.host_env)
+        if problems:
             # Fail before a jail starts, with what to set, instead of an
             # authentication error from the provider after the first turn.
-            return refused(
-                attempt.number, started,
-                f"{attempt.locate('agent', 'model')}: {step.agent.model} needs "
-                f"{provider}_API_KEY in the engine's environment (or {provider}_BASE_URL "
-                "for a compatible server that needs no key); the key stays on the host",
-            )
+            field, message = problems[0]
+            where = ("agent", "model") if field == "model" else ("agent", "endpoint", field)
+            return refused(attempt.number, started, f"{attempt.locate(*where)}: "
+                           + (f"{step.agent.model} {message}" if field == "model" else message))
         world = prepare(attempt, inputs)
         with attempt.located("agent", "prompt"):
             prompt = str(render(compile_template(step.agent.prompt), attempt.context,
@@ -62,6 +60,7 @@ class AgentKind:
             run_id=run.run_id, step=step.id, item=attempt.item.index, attempt=attempt.number,
             config=config, work_dir=dirs.work, meta_dir=attempt.meta, timeout=step.timeout,
             host_env=run.host_env, echo=run.echo, interactive=run.interactive,
+            outputs=tuple(step.outputs), secrets=tuple(run.masker.values),
         )
         with start_agent(job) as session:
             launch = session.launch
@@ -80,8 +79,17 @@ class AgentKind:
         if outcome.status is AttemptStatus.SUCCEEDED and not result.ok:
             outcome = Outcome(AttemptStatus.FAILED, attempt.number, message=result.message,
                               exit_code=code, started_at=started)
+        elif not result.ok and result.message and code == 1 and not timed_out:
+            # The jail's "agent failed" exit: the broker's verdict says why (a
+            # stop reason, a refused request); the exit status adds nothing.
+            outcome.message, outcome.stderr_tail = result.message, ""
         elif not result.ok and result.message:
             outcome.message = f"{outcome.message}; {result.message}".strip("; ")
+        # Tokens are spent whatever the ending; a request the provider refused
+        # (4xx) or a reply that stopped for a reason fails the same way again.
+        outcome.usage = dict(result.usage)
+        if not result.retryable:
+            outcome.retryable = False
         if outcome.status is AttemptStatus.SUCCEEDED:
             outcome.result = result.result
             outcome.reuse_key = key_for(attempt, [(m.name, m.sha256) for m in inputs],
