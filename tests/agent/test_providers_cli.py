@@ -67,7 +67,7 @@ class Cli:
         return self.show(f"{step}/0")
 
     def transcript(self, step: str = "ask", attempt: int = 1) -> list[dict[str, Any]]:
-        path = self.home / "runs" / RUN / step / "0" / "meta" / "attempts" / str(attempt) / "transcript.jsonl"
+        path = self.home / "runs" / RUN / step / "0" / "meta" / str(attempt) / "transcript.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()]
 
 
@@ -337,7 +337,7 @@ def test_a_call_in_flight_is_visible_in_the_transcript(cli: Cli) -> None:
                                 stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             assert arrived.wait(120)
-            path = cli.home / "runs" / RUN / "ask" / "0" / "meta" / "attempts" / "1" / "transcript.jsonl"
+            path = cli.home / "runs" / RUN / "ask" / "0" / "meta" / "1" / "transcript.jsonl"
             deadline = time.monotonic() + 60
             while not path.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)

@@ -507,6 +507,10 @@ class Engine:
             reused_from=dict(out.reused_from) if out.reused_from else None,
         )
         self._pending_items.append((rec, arts))
+        if it.usage:
+            # The store's item record is the total; the event lets live views fold it in.
+            self._event("agent_usage", {"step": action.step, "item": action.index,
+                                        "usage": dict(it.usage)})
         if status is ItemStatus.SUCCEEDED and out.reuse_key:
             # Every succeeded item is indexed, whether or not this run reuses.
             self._pending_reuse.append(ReuseEntry(out.reuse_key, self.run.run_id, action.step,

@@ -227,6 +227,7 @@ def transcript(adir: Path) -> dict[str, Any] | None:
     with contextlib.suppress(OSError, ValueError):
         outcome = read_json(adir / "outcome.json")
     messages: list[dict[str, Any]] = []
+    history: list[Any] = []  # the request's message list, rebuilt from per-call deltas
     rows = []
     usage: dict[str, int] = {}
     final = None
@@ -239,7 +240,10 @@ def transcript(adir: Path) -> dict[str, Any] | None:
         for k, v in u.items():
             if isinstance(v, int):
                 usage[k] = usage.get(k, 0) + v
-        req = ((c.get("request") or {}).get("body") or {}).get("messages")
+        body = (c.get("request") or {}).get("body") or {}
+        req = _conversation(body, history)
+        if req is not None:
+            history = req
         if isinstance(req, list) and not c.get("error"):
             messages = [_message(m) for m in req if isinstance(m, dict)]
             final = _reply((c.get("response") or {}).get("body"))
@@ -256,6 +260,17 @@ def transcript(adir: Path) -> dict[str, Any] | None:
                         "path": w.get("path", ""), "sha256": w.get("sha256") or "",
                         "reason": w.get("reason", "")} for w in writes],
             "outcome": outcome, "diff": diff}
+
+
+def _conversation(body: dict[str, Any], history: list[Any]) -> list[Any] | None:
+    """A call's whole message list: the transcript keeps only what each call adds
+    (``messages_from``/``input_from`` say where the new part starts)."""
+    for key in ("messages", "input"):
+        part = body.get(key)
+        if isinstance(part, list):
+            start = body.get(f"{key}_from")
+            return part if not isinstance(start, int) else [*history[:start], *part]
+    return None
 
 
 def publish_outcome(store: Store, record: RunRecord, item: ItemRecord | None,
