@@ -396,6 +396,6 @@ def test_meta_is_the_engines_alone(project: Project) -> None:
         # Another local user cannot list it or read a capture in it.
         other = subprocess.run(
             ["setpriv", "--reuid=54321", "--regid=54321", "--clear-groups",
-             "cat", str(meta / "attempts" / "1" / "stdout")],
+             "cat", str(meta / "1.out")],
             capture_output=True, text=True)
         assert other.returncode != 0 and "private" not in other.stdout
