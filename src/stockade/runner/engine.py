@@ -28,6 +28,7 @@ from stockade.runner.item import (
     AttemptOutcome,
     error_message,
     located,
+    resources_of,
     run_attempt,
 )
 from stockade.runner.views import ItemResult, artifacts_of, step_view
@@ -241,6 +242,10 @@ class Engine:
                 self.reporter.echo(f"{sid}: isolate: false - runs WITHOUT a sandbox (recorded)")
                 self.store.add_event(Event(self.run.run_id, self.ac.clock(), "isolation_opt_out",
                                            {"step": sid}))
+            if st.step.kind in ("run", "agent"):
+                backend = self.ac.backend if st.step.isolate else self.ac.none_backend
+                for note in backend.unapplied(resources_of(st.step)):
+                    self.reporter.echo(f"{sid}: {note}")
             self.store.add_event(Event(self.run.run_id, self.ac.clock(), "step_started",
                                        {"step": sid, "items": len(items)}))
             if st.step.kind == "keep":

@@ -84,6 +84,12 @@ def choose_sandbox(requested: str | None, env: Mapping[str, str]) -> SandboxChoi
                          sandbox.start_line(sel))
 
 
+def _lifetime() -> dict[str, Any]:
+    from stockade import sandbox
+
+    return sandbox.lifetime()
+
+
 def apply_overrides(spec: Spec, overrides: Mapping[str, str] | None) -> dict[str, Any]:
     values = dict(spec.workflow.vars)
     for key, value in (overrides or {}).items():
@@ -208,7 +214,7 @@ def start_run(
                  "python": sys.version.split()[0]},
         "engine": {"name": "stockade", "version": __version__},
         "sandbox": {"backend": choice.backend.name, "enforced": choice.enforced,
-                    "limitations": list(choice.limitations)},
+                    "limitations": list(choice.limitations), "lifetime": _lifetime()},
         "jobs": opts.jobs,
     }
     write_json(run.manifest, manifest)

@@ -42,6 +42,7 @@ import select
 import signal
 import socket
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from stockade.sandbox import _landlock, seccomp
@@ -105,6 +106,8 @@ def _bridge(libc: ctypes.CDLL, bridges: list[list[str]]) -> None:
 
 def _rlimits(req: dict[str, Any]) -> list[tuple[int, int]]:
     """The (resource, limit) pairs the jail gets: never a core dump, plus the step's limits."""
+    if req.get("limits") is not None:
+        return [(int(which), int(value)) for which, value in req["limits"]]  # computed by the engine
     limits = req["rlimits"]
     out = [(resource.RLIMIT_CORE, 0)]
     for key, which in (
@@ -135,7 +138,7 @@ def _resolve(argv0: str, env: dict[str, str]) -> str:
 
 def _child(
     req: dict[str, Any], prep: Prepared, fprog: seccomp.SockFprog | None, fds: list[int],
-    ruleset: int, exe: str, parent: int,
+    ruleset: int, exe: str, parent: int, cgroups: Sequence[int] = (),
 ) -> None:  # fmt: skip
     """In the forked child: confine, then exec. Never returns.
 
@@ -152,12 +155,18 @@ def _child(
         # fds = [stdout, stderr, *extra]; extras land on 3, 4, ... (the
         # numbers the launch was built with), the ruleset right after them.
         keep = [*fds[2:], *([ruleset] if ruleset >= 0 else [])]
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 1024) for fd in fds[:2] + keep]
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 1024) for fd in [*fds[:2], *keep, *cgroups]]
         os.dup2(prep.devnull, 0)
         os.dup2(high[0], 1)
         os.dup2(high[1], 2)
-        for i, fd in enumerate(high[2:]):
+        for i, fd in enumerate(high[2 : 2 + len(keep)]):
             os.dup2(fd, 3 + i)
+        stage = "cgroup"
+        # Join the jail's cgroups (writing 0 moves the writer): everything
+        # the jail starts is then in them, whatever session it makes.
+        for fd in high[2 + len(keep) :]:
+            os.write(fd, b"0")
+        stage = "setup"
         os.closerange(3 + len(keep), 65536)
         ruleset_fd = 2 + len(keep) if ruleset >= 0 else -1
         stage = "rlimits"
@@ -266,14 +275,19 @@ class Server:
         # The ruleset is built here, from paths opened with the helper's
         # rights, so the child only enforces it; the helper does not wait for
         # the child's exec, so items set up in parallel.
+        # The last ``cgroups`` fds are the jail's cgroup.procs (see ``_lifetime``).
+        ncg = int(req.get("cgroups", 0))
+        fds, cgroups = fds[: len(fds) - ncg], fds[len(fds) - ncg :]
         if len(fds) < 2:
             self.send({"type": "failed", "id": req["id"], "error": "stdout/stderr missing"})
             return
-        if req["mode"] == "plain":  # bwrap: it confines itself
-            if (req["uid"] is None or req.get("setpriv")) and not req.get("bridges"):
+        if req["mode"] == "plain":  # bwrap (it confines itself) or the none backend
+            # posix_spawn cannot join a cgroup or set an rlimit in the child.
+            direct = not cgroups and req.get("limits") is None and not req.get("bridges")
+            if direct and (req["uid"] is None or req.get("setpriv")):
                 self._posix_spawn(req, fds)
             else:
-                self._fork(req, fds, -1, None)
+                self._fork(req, fds, -1, None, cgroups)
             return
         try:
             ruleset = _landlock.build_ruleset(
@@ -291,13 +305,15 @@ class Server:
             return
         try:
             if req.get("launcher") == "native":
-                self._vfork(req, fds, ruleset)
+                self._vfork(req, fds, ruleset, cgroups)
             else:
-                self._fork(req, fds, ruleset, self.prep.seccomp(req["seccomp"]))
+                self._fork(req, fds, ruleset, self.prep.seccomp(req["seccomp"]), cgroups)
         finally:
             os.close(ruleset)
 
-    def _vfork(self, req: dict[str, Any], fds: list[int], ruleset: int) -> None:
+    def _vfork(
+        self, req: dict[str, Any], fds: list[int], ruleset: int, cgroups: Sequence[int]
+    ) -> None:
         """Confine and exec in C (``_jail``): no Python fork, no second exec."""
         from stockade.sandbox import _jail
 
@@ -315,6 +331,7 @@ class Server:
                 -1 if req["gid"] is None else req["gid"],
                 req["uid"] is None and os.geteuid() == 0,
                 _rlimits(req),
+                list(cgroups),
             )
         except (OSError, ValueError) as e:
             self.failed(req, fds, "spawn", e if isinstance(e, OSError) else OSError(str(e)))
@@ -353,8 +370,9 @@ class Server:
         self.started(req["id"], pid)
 
     def _fork(
-        self, req: dict[str, Any], fds: list[int], ruleset: int, fprog: seccomp.SockFprog | None
-    ) -> None:
+        self, req: dict[str, Any], fds: list[int], ruleset: int, fprog: seccomp.SockFprog | None,
+        cgroups: Sequence[int] = (),
+    ) -> None:  # fmt: skip
         exe = _resolve(req["argv"][0], req["env"])
         parent = os.getpid()
         try:
@@ -363,7 +381,7 @@ class Server:
             self.failed(req, fds, "fork", e)
             return
         if pid == 0:
-            _child(req, self.prep, fprog, fds, ruleset, exe, parent)
+            _child(req, self.prep, fprog, fds, ruleset, exe, parent, cgroups)
         self.started(req["id"], pid)
 
     def reap(self) -> None:

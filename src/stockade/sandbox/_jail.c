@@ -49,6 +49,7 @@
 #define JAIL_UID 65534
 #define MAX_FDS 64
 #define MAX_LIMITS 8
+#define MAX_CGROUPS 4
 
 struct launch {
     const char *exe;
@@ -64,6 +65,8 @@ struct launch {
     int limit_res[MAX_LIMITS];
     unsigned long long limit_val[MAX_LIMITS];
     int nlimits;
+    int cgroup_fds[MAX_CGROUPS];
+    int ncgroups;
     pid_t parent;
 };
 
@@ -120,6 +123,15 @@ static __attribute__((noreturn, noinline)) void child(struct launch *l) {
             (old.sa_handler != SIG_IGN || sig == SIGPIPE || sig == SIGXFSZ))
             sigaction(sig, &dfl, NULL);
     }
+    /* Join the jail's cgroups before anything else (writing 0 moves the
+     * writer): every process the jail ever starts is then in them, whatever
+     * session it makes. First, as the fds below may land on these numbers;
+     * a failure is reported once the item's stderr is in place. */
+    int cgroup_errno = 0;
+    for (int i = 0; i < l->ncgroups && cgroup_errno == 0; i++) {
+        if (write(l->cgroup_fds[i], "0", 1) != 1)
+            cgroup_errno = errno ? errno : EIO;
+    }
     /* stdin, stdout, stderr, extras: copies above the targets first, so no
      * dup2 overwrites a source; everything else closes at exec. */
     int high[MAX_FDS];
@@ -137,6 +149,10 @@ static __attribute__((noreturn, noinline)) void child(struct launch *l) {
     }
     if (syscall(SYS_close_range, (unsigned)l->nfds, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
         fail(stage);
+    if (cgroup_errno != 0) {
+        errno = cgroup_errno;
+        fail("cgroup");
+    }
     if (setsid() < 0)
         fail(stage);
     stage = "rlimits";
@@ -226,13 +242,13 @@ static PyObject *jail_spawn(PyObject *self, PyObject *args) {
     (void)self;
     struct launch l;
     memset(&l, 0, sizeof l);
-    PyObject *argv_obj, *env_obj, *fds_obj, *limits_obj;
+    PyObject *argv_obj, *env_obj, *fds_obj, *limits_obj, *cgroups_obj = NULL;
     const char *exe, *cwd;
     const char *prog;
     Py_ssize_t prog_len;
-    if (!PyArg_ParseTuple(args, "yOOyOiy#llpO:spawn", &exe, &argv_obj, &env_obj, &cwd, &fds_obj,
+    if (!PyArg_ParseTuple(args, "yOOyOiy#llpO|O:spawn", &exe, &argv_obj, &env_obj, &cwd, &fds_obj,
                           &l.ruleset_fd, &prog, &prog_len, &l.uid, &l.gid, &l.keep_root,
-                          &limits_obj))
+                          &limits_obj, &cgroups_obj))
         return NULL;
     if (prog_len % sizeof(struct sock_filter) != 0 || prog_len / 8 > 0xffff) {
         PyErr_SetString(PyExc_ValueError, "seccomp program: a whole number of instructions");
@@ -275,6 +291,23 @@ static PyObject *jail_spawn(PyObject *self, PyObject *args) {
         }
     }
     Py_DECREF(fast);
+
+    if (cgroups_obj != NULL) {
+        fast = PySequence_Fast(cgroups_obj, "cgroups");
+        if (fast == NULL)
+            return NULL;
+        l.ncgroups = (int)PySequence_Fast_GET_SIZE(fast);
+        if (l.ncgroups > MAX_CGROUPS) {
+            Py_DECREF(fast);
+            PyErr_SetString(PyExc_ValueError, "cgroups: at most 4");
+            return NULL;
+        }
+        for (int i = 0; i < l.ncgroups; i++)
+            l.cgroup_fds[i] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+        Py_DECREF(fast);
+        if (PyErr_Occurred())
+            return NULL;
+    }
 
     PyObject *argv_keep = NULL, *env_keep = NULL;
     char **argv = cstrings(argv_obj, "argv", &argv_keep);
@@ -319,9 +352,11 @@ static PyObject *jail_spawn(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"spawn", jail_spawn, METH_VARARGS,
-     "spawn(exe, argv, env, cwd, fds, ruleset_fd, seccomp, uid, gid, keep_root, limits) -> pid\n\n"
-     "vfork; in the child place fds on 0.., start a session, set the parent-death\n"
-     "signal, the rlimits, the cwd, the uid, Landlock and seccomp; execve."},
+     "spawn(exe, argv, env, cwd, fds, ruleset_fd, seccomp, uid, gid, keep_root, limits,\n"
+     "      cgroups=()) -> pid\n\n"
+     "vfork; in the child join the cgroups (cgroup.procs fds), place fds on 0.., start a\n"
+     "session, set the parent-death signal, the rlimits, the cwd, the uid, Landlock and\n"
+     "seccomp; execve."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,5 +14,6 @@ def spawn(
     gid: int,
     keep_root: bool,
     limits: Sequence[tuple[int, int]],
+    cgroups: Sequence[int] = (),
     /,
 ) -> int: ...

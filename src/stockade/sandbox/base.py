@@ -13,7 +13,7 @@ import abc
 from dataclasses import dataclass
 from typing import IO, ClassVar, Protocol
 
-from stockade.sandbox.policy import Policy
+from stockade.sandbox.policy import Policy, Resources
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,9 @@ class Running(Protocol):
         ...
 
     def kill(self, grace: float = 2.0) -> None:
-        """End the whole jail: SIGTERM to its process group, then SIGKILL after ``grace``."""
+        """End the whole jail: SIGTERM to its process group, then SIGKILL to
+        every process of it after ``grace``; returns once none is left (or,
+        for a process the kernel cannot end yet, after a bounded wait)."""
         ...
 
 
@@ -54,6 +56,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def limitations(self) -> tuple[str, ...]:
         """Human sentences naming what this backend does not isolate."""
+
+    def unapplied(self, resources: Resources) -> tuple[str, ...]:
+        """Sentences naming which of ``resources`` this backend cannot apply here."""
+        return ()
 
     @abc.abstractmethod
     def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:

@@ -3,11 +3,18 @@
 The jail sees: the host system directories read-only (``/usr`` and the
 ``/bin``, ``/lib*``, ``/sbin`` symlinks or directories as on the host), a short
 list of ``/etc`` files (never ``/etc/shadow``), a fresh ``/proc``, a minimal
-``/dev``, a private tmpfs ``/tmp`` (TMPDIR) and ``/home/stockade`` (HOME), and
-the item's ``work/`` read-write **at its host path** (the same path the
+``/dev``, the item's scratch folder as ``/tmp`` (TMPDIR), ``/home/stockade``
+(HOME) and ``/dev/shm``, and the item's ``work/`` read-write **at its host path** (the same path the
 landlock backend, which cannot remap, shows; tools printing absolute paths
 behave the same under both). Nothing else of the host exists in it: no
 ``/run``, no host ``/tmp``, no host HOME, no neighbour, no ``meta/``.
+
+Nothing writable is in memory: bubblewrap's tmpfs ``/`` and ``/dev`` are
+remounted read-only, and the three writable places are one folder on the
+item's disk scratch (bubblewrap 0.8 cannot size a tmpfs, and an unsized one
+takes up to half the host's RAM whatever ``resources.memory`` says). Where
+a memory cgroup exists, ``resources.memory`` bounds the jail's page cache
+and shared memory as well (``_lifetime``).
 
 Namespaces: user, pid, ipc, uts, cgroup, net (``--unshare-all``; ``--share-net``
 only for ``network: open``), plus ``--disable-userns``, ``--new-session``,
@@ -50,7 +57,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from stockade.errors import InfraError
-from stockade.sandbox import _direct, seccomp
+from stockade.sandbox import _direct, _lifetime, seccomp
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox._tmp import owned_tmpdir
 from stockade.sandbox.base import Availability, Backend, Running
@@ -58,6 +65,7 @@ from stockade.sandbox.policy import Policy, Resources
 
 JAIL_HOME = "/home/stockade"
 JAIL_TMP = "/tmp"
+JAIL_SHM = "/dev/shm"
 #: In-jail port of the relay to the host egress proxy (``network: proxy``).
 PROXY_PORT = 3128
 #: Where helper files (the relay script, the proxy socket) appear in the jail.
@@ -199,11 +207,14 @@ def bwrap_argv(
     relay_script: str | None = None,
     sources: Mapping[str, str] | None = None,
     bwrap: str = "bwrap",
+    memory_tmp: bool = False,
 ) -> list[str]:
     """The bubblewrap command line for ``policy``. Pure: no I/O, no environment values.
 
     ``sources`` replaces host source paths the jail's uid cannot reach with
     bridge paths (see ``BwrapBackend.start``); destinations never change.
+    ``memory_tmp``: the old, unbounded tmpfs ``/tmp`` and HOME and a writable
+    tmpfs root and ``/dev`` (tests' positive controls only).
     """
     remap = sources or {}
     work = str(policy.work_dir)
@@ -232,12 +243,14 @@ def bwrap_argv(
             argv += ["--ro-bind", e, e]
         if policy.network == "open" and layout.resolv_conf:
             argv += ["--ro-bind", layout.resolv_conf, "/etc/resolv.conf"]
-    argv += [
-        "--proc", "/proc",
-        "--dev", "/dev",
-        "--tmpfs", JAIL_TMP,
-        "--tmpfs", JAIL_HOME,
-    ]  # fmt: skip
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    if memory_tmp:
+        argv += ["--tmpfs", JAIL_TMP, "--tmpfs", JAIL_HOME]
+    else:
+        # One folder for all three: a folder more per item is an inode more
+        # on disk, and the jail cannot tell them apart anyway.
+        for dest in (JAIL_TMP, JAIL_HOME, JAIL_SHM):
+            argv += bind(str(policy.scratch_dir), dest, True)
     for m in policy.mounts:
         argv += bind(str(m.source), m.target, m.writable)
     if policy.network == "proxy":
@@ -246,6 +259,10 @@ def bwrap_argv(
         argv += bind(relay_script, f"{HELPER_DIR}/relay.py", False)
         argv += bind(str(policy.proxy_socket), f"{HELPER_DIR}/proxy.sock", False)
     argv += bind(work, work, True)
+    if not memory_tmp:
+        # Last, once every mount point exists: bubblewrap's own tmpfs root
+        # and /dev would otherwise take whatever the jail writes into them.
+        argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     argv += ["--chdir", work, "--seccomp", str(seccomp_fd), "--"]
     argv += rlimit_prefix(policy.resources, layout.prlimit)
     if policy.network == "proxy":
@@ -406,9 +423,8 @@ class BwrapBackend(Backend):
             "are visible to every step",
             "work/ appears at its host path, so the run tree's location is visible",
             "a step killed by signal N is reported as exit status 128+N",
-            "an engine killed within the first millisecond of an item's setup can leave that "
-            "item's jail running (still jailed) until it ends: bubblewrap arms its "
-            "parent-death signal only after each of its forks",
+            "/tmp, HOME and /dev/shm are one folder on the item's disk scratch: bounded by "
+            "resources.file_size per file and by the disk, not by resources.memory",
             "network: open shares the host network stack (recorded as reduced isolation)",
         )
 
@@ -434,13 +450,28 @@ class BwrapBackend(Backend):
         return self._layout, self._filter
 
     def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:
+        jail = _lifetime.get().open(memory_bytes=policy.resources.memory_bytes)
+        try:
+            return jail.adopt(self._start(policy, stdout, stderr, jail.join_fds))
+        except BaseException:
+            jail.discard()
+            raise
+
+    def _start(
+        self, policy: Policy, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
+        cgroups: Sequence[int],
+    ) -> Running:  # fmt: skip
         layout, program = self._prepare()
         user = group = None
+        policy.scratch_dir.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             user, group = JAIL_UID, JAIL_GID
             _chown_tree(policy.work_dir, JAIL_UID, JAIL_GID)
+            _chown_tree(policy.scratch_dir, JAIL_UID, JAIL_GID)
         relay = RELAY_SCRIPT
-        paths = [str(policy.work_dir), *(str(m.source) for m in policy.mounts)]
+        paths = [
+            str(policy.work_dir), str(policy.scratch_dir), *(str(m.source) for m in policy.mounts)
+        ]
         if layout.etc_dir is not None and not self._etc_reachable:
             paths.append(layout.etc_dir)
         if policy.network == "proxy":
@@ -472,8 +503,9 @@ class BwrapBackend(Backend):
             if self.launcher == "direct" and not bridges:
                 try:
                     return self._direct.spawn(
-                        self._bwrap, argv, jail_env(policy), fds, uid=user, gid=group
-                    )
+                        self._bwrap, argv, jail_env(policy), fds, uid=user, gid=group,
+                        cgroups=cgroups,
+                    )  # fmt: skip
                 except OSError as e:
                     raise InfraError(f"cannot start bwrap: {e}") from e
             request = {
@@ -486,11 +518,12 @@ class BwrapBackend(Backend):
                 "bridges": bridges,
                 "setpriv": self._setpriv,
                 "rlimits": {"as": None, "cpu": None, "nproc": None, "fsize": None},
+                "cgroups": len(cgroups),
             }
             pool = self._helpers
             if user is not None and not bridges:
                 pool, request["uid"], request["gid"] = self._jail_helpers, None, None
-            job = pool.spawn(request, fds)
+            job = pool.spawn(request, [*fds, *cgroups])
         finally:
             os.close(rfd)
             if wfd != -1:

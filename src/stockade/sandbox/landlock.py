@@ -11,7 +11,9 @@ the egress relay's port with ``network: proxy``; seccomp refuses INET sockets
 entirely with ``network: none`` and UDP with ``proxy``, and AF_UNIX sockets
 unless the policy mounts a socket; abstract unix sockets and signals are
 scoped to the jail (ABI >= 6). ``setsid``/``setpgid`` are refused so the
-whole jail stays in one process group that a timeout can kill.
+whole jail stays in one process group that a timeout can kill; where a
+cgroup can be made, the jail's cgroup ends it whole (``_lifetime``), and
+``resources.processes`` is also its pids controller's limit.
 
 Launch: ``landlock_request`` (pure) turns a policy into the request the
 single-threaded fork server (``_forkserver``) executes.
@@ -27,12 +29,12 @@ import socket
 import stat
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Literal
 
 from stockade.errors import InfraError
-from stockade.sandbox import _direct, _landlock, seccomp
+from stockade.sandbox import _direct, _landlock, _lifetime, seccomp
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox.base import Availability, Backend, Running
 from stockade.sandbox.bwrap import (
@@ -251,6 +253,18 @@ class LandlockBackend(Backend):
         return tuple(lims)
 
     def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:
+        r = policy.resources
+        jail = _lifetime.get().open(memory_bytes=r.memory_bytes, processes=r.processes)
+        try:
+            return jail.adopt(self._start(policy, stdout, stderr, jail.join_fds))
+        except BaseException:
+            jail.discard()
+            raise
+
+    def _start(
+        self, policy: Policy, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
+        cgroups: Sequence[int],
+    ) -> Running:  # fmt: skip
         if self._layout is None:
             self._layout = scan_host()
         uid = gid = None
@@ -290,8 +304,9 @@ class LandlockBackend(Backend):
             unix_sockets=any(_is_socket(m.source) for m in policy.mounts),
             launcher=self.launcher,
         )
+        request["cgroups"] = len(cgroups)
         try:
-            job = self._helpers.spawn(request, (fileno(stdout), fileno(stderr)))
+            job = self._helpers.spawn(request, (fileno(stdout), fileno(stderr), *cgroups))
         except BaseException:
             for hook in on_exit:
                 hook()
