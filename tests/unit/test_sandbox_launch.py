@@ -38,7 +38,7 @@ def policy(**kw: object) -> Policy:
 
 HEAD = [
     "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-    "--new-session", "--cap-drop", "ALL", "--hostname", "stockade",
+    "--cap-drop", "ALL", "--hostname", "stockade",
 ]  # fmt: skip
 SYSTEM = [
     "--ro-bind", "/usr", "/usr",

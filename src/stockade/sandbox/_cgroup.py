@@ -41,7 +41,7 @@ KILL_KINDS = ("v2", "freezer")
 #: v1 controllers used besides the kill hierarchy.
 V1_CONTROLLERS = ("freezer", "memory", "pids")
 PREFIX = "stockade-"
-_NAME = re.compile(r"stockade-(\d+)-(\d+)-(\d+)\Z")
+_NAME = re.compile(r"stockade-(\d+)-(\d+)-(\d+)(?:-\d+)?\Z")
 
 
 @dataclass(frozen=True)
@@ -104,8 +104,10 @@ def find_hierarchies(mountinfo: str, proc_cgroup: str) -> dict[str, Hierarchy]:
     return found
 
 
-def engine_name(pidns: int, pid: int, start: int) -> str:
-    return f"{PREFIX}{pidns}-{pid}-{start}"
+def engine_name(pidns: int, pid: int, start: int, serial: int = 0) -> str:
+    """The folder name of an engine's cgroups (``serial``: a second set in
+    the same process, as tests make)."""
+    return f"{PREFIX}{pidns}-{pid}-{start}" + (f"-{serial}" if serial else "")
 
 
 def process_start(pid: int) -> int | None:

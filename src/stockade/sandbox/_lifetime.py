@@ -108,7 +108,7 @@ class JailGroup:
             self._leaf.close_fds()
             self.end()
 
-    def end(self, *, killed: bool = False) -> None:
+    def end(self) -> None:
         """Kill what is left of the jail and wait (bounded) until it is gone.
 
         Idempotent and thread-safe: a second caller waits for the first.
@@ -123,12 +123,14 @@ class JailGroup:
                     _cgroup.remove(leaf.dirs)
                 # else: left to the watchdog (or the next engine's sweep).
             elif self._pgid is not None:
-                if killed:
-                    deadline = time.monotonic() + END_TIMEOUT
-                    while _pgroup_alive(self._pgid) and time.monotonic() < deadline:
-                        with contextlib.suppress(OSError):
-                            os.killpg(self._pgid, signal.SIGKILL)
-                        time.sleep(0.01)
+                # The group id stays ours while any member lives (the kernel
+                # does not reuse a pid that names a group). bwrap's outer
+                # process exits before its pid namespace is torn down.
+                deadline = time.monotonic() + END_TIMEOUT
+                while _pgroup_alive(self._pgid) and time.monotonic() < deadline:
+                    with contextlib.suppress(OSError):
+                        os.killpg(self._pgid, signal.SIGKILL)
+                    time.sleep(0.005)
                 self._lifetime.watchdog_remove(self._pgid)
 
 
@@ -143,10 +145,6 @@ class GroupRunning:
     def pid(self) -> int:
         return self._inner.pid
 
-    @property
-    def error(self) -> str:
-        return str(getattr(self._inner, "error", ""))
-
     def wait(self, timeout: float | None = None) -> int | None:
         status = self._inner.wait(timeout)
         if status is not None:
@@ -156,7 +154,7 @@ class GroupRunning:
 
     def kill(self, grace: float = 2.0) -> None:
         self._inner.kill(grace)
-        self._group.end(killed=True)
+        self._group.end()
 
 
 class Lifetime:
@@ -219,7 +217,8 @@ class Lifetime:
             raise OSError(0, "cannot read /proc/self/stat")
         hs = _cgroup.find_hierarchies(mountinfo, own)
         _cgroup.sweep(hs, pidns)
-        return _cgroup.make_tree(hs, _cgroup.engine_name(pidns, os.getpid(), start), kind)
+        name = _cgroup.engine_name(pidns, os.getpid(), start, next(_serials))
+        return _cgroup.make_tree(hs, name, kind)
 
     def open(self, *, memory_bytes: int | None = None, processes: int | None = None) -> JailGroup:
         """What the next jail joins; its memory/processes limits where a
@@ -243,6 +242,17 @@ class Lifetime:
     def watchdog_remove(self, pgid: int) -> None:
         if self._watchdog is not None:
             self._watchdog.remove(pgid)
+
+    def close(self) -> None:
+        """End the watchdog now (it ends whatever is left and removes the
+        folders). Only for a ``Lifetime`` that is not the process's own:
+        tests use several."""
+        with self._lock:
+            watchdog, self._watchdog = self._watchdog, None
+            self._ready = False
+            self._tree = None
+        if watchdog is not None:
+            watchdog.close()
 
     def memory_controller(self) -> str | None:
         self._setup()
@@ -306,6 +316,7 @@ class Lifetime:
 
 
 _current: Lifetime | None = None
+_serials = itertools.count()
 _current_lock = threading.Lock()
 
 

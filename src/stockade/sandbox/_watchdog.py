@@ -113,10 +113,20 @@ class Watchdog:
     def remove(self, pgid: int) -> None:
         self._send(b"-%d\n" % pgid)
 
+    def close(self, timeout: float = 30.0) -> None:
+        """Close our end and wait for the watchdog to finish ending things."""
+        with self._lock:
+            self._pipe.close()
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
     def _send(self, line: bytes) -> None:
         # One short write per line (atomic on a pipe); a dead watchdog is
         # reported by ``alive``, not here.
-        with self._lock, contextlib.suppress(OSError):
+        with self._lock, contextlib.suppress(OSError, ValueError):
             os.write(self._pipe.fileno(), line)
 
 

@@ -17,9 +17,13 @@ a memory cgroup exists, ``resources.memory`` bounds the jail's page cache
 and shared memory as well (``_lifetime``).
 
 Namespaces: user, pid, ipc, uts, cgroup, net (``--unshare-all``; ``--share-net``
-only for ``network: open``), plus ``--disable-userns``, ``--new-session``,
-``--die-with-parent``, ``--cap-drop ALL`` and the seccomp filter from
-``seccomp.build_filter`` on ``--seccomp FD``.
+only for ``network: open``), plus ``--disable-userns``, ``--die-with-parent``,
+``--cap-drop ALL`` and the seccomp filter from ``seccomp.build_filter`` on
+``--seccomp FD``. No ``--new-session``: every launcher already starts bwrap
+in a session of its own, without a controlling terminal (what that option
+protects), and bubblewrap's extra session would take the pid namespace's
+init out of the process group that ``kill`` and the watchdog end where no
+cgroup can be made.
 
 Environment values never appear on a command line: bwrap inherits the jail
 environment from its own process environment (it is not setuid, so nothing
@@ -228,7 +232,6 @@ def bwrap_argv(
     argv += [
         "--disable-userns",
         "--die-with-parent",
-        "--new-session",
         "--cap-drop", "ALL",
         "--hostname", "stockade",
     ]  # fmt: skip
