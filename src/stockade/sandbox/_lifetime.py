@@ -5,8 +5,9 @@ One ``Lifetime`` per engine process (``get()``) picks the mechanism once:
 
 * ``cgroup2`` / ``cgroup1``: each jail gets its own cgroup (``_cgroup``),
   joined by the launcher's child before exec, so everything the jail starts
-  is in it whatever session it makes. ``Running.kill`` and the end of the
-  main process kill the cgroup and wait until it is empty; the watchdog
+  is in it whatever session it makes. ``Running.kill`` kills the cgroup and
+  returns once it is empty; the end of the main process kills the rest too
+  (a background thread waits for it and removes the cgroup); the watchdog
   (``_watchdog``) kills the engine's whole cgroup folder when the engine
   dies. Memory and pids controllers, where present, bound the jail as a
   whole.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import queue
 import signal
 import threading
 import time
@@ -76,7 +78,9 @@ class JailGroup:
         self._leaf = leaf
         self._pgid: int | None = None
         self._lock = threading.Lock()
-        self._ended = False
+        self._signalled = False
+        self._queued = False
+        self._gone = False
 
     @property
     def join_fds(self) -> tuple[int, ...]:
@@ -108,30 +112,82 @@ class JailGroup:
             self._leaf.close_fds()
             self.end()
 
-    def end(self) -> None:
-        """Kill what is left of the jail and wait (bounded) until it is gone.
+    def end(self, *, wait: bool = True) -> None:
+        """SIGKILL what is left of the jail.
 
-        Idempotent and thread-safe: a second caller waits for the first.
+        ``wait``: return once it is gone (bounded by ``END_TIMEOUT``) and its
+        cgroups are removed; otherwise a background thread does that part.
+        Idempotent and thread-safe: a waiting caller waits for the others.
         """
         with self._lock:
-            if self._ended:
+            if not self._signalled:
+                self._signalled = True
+                self._signal()
+            if self._gone:
                 return
-            self._ended = True
-            if self._leaf is not None:
-                leaf = self._leaf
-                if _cgroup.end(leaf.kill[0], leaf.kill[1], END_TIMEOUT):
-                    _cgroup.remove(leaf.dirs)
-                # else: left to the watchdog (or the next engine's sweep).
-            elif self._pgid is not None:
-                # The group id stays ours while any member lives (the kernel
-                # does not reuse a pid that names a group). bwrap's outer
-                # process exits before its pid namespace is torn down.
-                deadline = time.monotonic() + END_TIMEOUT
-                while _pgroup_alive(self._pgid) and time.monotonic() < deadline:
-                    with contextlib.suppress(OSError):
-                        os.killpg(self._pgid, signal.SIGKILL)
-                    time.sleep(0.005)
-                self._lifetime.watchdog_remove(self._pgid)
+            if wait:
+                self._finish_locked()
+            elif not self._queued:
+                self._queued = True
+                _reaper.put(self)
+
+    def finish(self) -> None:
+        with self._lock:
+            if not self._gone:
+                self._finish_locked()
+
+    def _signal(self) -> None:
+        if self._leaf is not None:
+            kind, folder = self._leaf.kill
+            if _cgroup.populated(kind, folder):
+                _cgroup.kill(kind, folder)
+        elif self._pgid is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(self._pgid, signal.SIGKILL)
+
+    def _finish_locked(self) -> None:
+        self._gone = True
+        if self._leaf is not None:
+            leaf = self._leaf
+            if _cgroup.end(leaf.kill[0], leaf.kill[1], END_TIMEOUT):
+                _cgroup.remove(leaf.dirs)
+            # else: left to the watchdog (or the next engine's sweep).
+        elif self._pgid is not None:
+            # The group id stays ours while any member lives (the kernel
+            # does not reuse a pid that names a group).
+            deadline = time.monotonic() + END_TIMEOUT
+            while _pgroup_alive(self._pgid) and time.monotonic() < deadline:
+                with contextlib.suppress(OSError):
+                    os.killpg(self._pgid, signal.SIGKILL)
+                time.sleep(0.005)
+            self._lifetime.watchdog_remove(self._pgid)
+
+
+class _Reaper:
+    """One thread that waits out jails whose main process ended (their rest
+    is already SIGKILLed) and removes their cgroups, off the item's path:
+    tearing down a pid and mount namespace takes milliseconds."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[JailGroup] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def put(self, group: JailGroup) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="stockade-jail-reaper", daemon=True
+                )
+                self._thread.start()
+        self._queue.put(group)
+
+    def _run(self) -> None:
+        while True:
+            self._queue.get().finish()
+
+
+_reaper = _Reaper()
 
 
 class GroupRunning:
@@ -149,7 +205,7 @@ class GroupRunning:
         status = self._inner.wait(timeout)
         if status is not None:
             # What the main process left behind goes with it.
-            self._group.end()
+            self._group.end(wait=False)
         return status
 
     def kill(self, grace: float = 2.0) -> None:

@@ -33,7 +33,8 @@ class Running(Protocol):
     def wait(self, timeout: float | None = None) -> int | None:
         """Wait up to ``timeout`` seconds; return the exit status or ``None``.
 
-        A negative status ``-N`` means killed by signal N.
+        A negative status ``-N`` means killed by signal N. Once the main
+        process has ended, whatever it left running is SIGKILLed.
         """
         ...
 
