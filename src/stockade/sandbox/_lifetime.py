@@ -57,7 +57,11 @@ def _pgroup_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     # Members may be zombies nobody has reaped yet: look at their state.
-    for entry in os.listdir("/proc"):
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True  # no /proc (macOS): a zombie counts until it is reaped
+    for entry in entries:
         if not entry.isdigit():
             continue
         try:

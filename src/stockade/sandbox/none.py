@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from typing import IO, Literal
@@ -28,8 +29,10 @@ from typing import IO, Literal
 from stockade.errors import InfraError
 from stockade.sandbox import _direct, _lifetime
 from stockade.sandbox._forkserver import _count_processes
+from stockade.sandbox._popen import PopenJail
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox.base import Availability, Backend, Running
+from stockade.sandbox.macos import ulimit_prefix
 from stockade.sandbox.policy import Policy, Resources
 
 Launcher = Literal["direct", "helper"]
@@ -151,6 +154,10 @@ class NoneBackend(Backend):
         stdout: IO[bytes] | int, stderr: IO[bytes] | int, cgroups: Sequence[int],
     ) -> Running:  # fmt: skip
         fds = [fileno(stdout), fileno(stderr)]
+        if not sys.platform.startswith("linux"):
+            # No exec helper there (it is Linux-only): a shell sets the limits.
+            argv = [*ulimit_prefix(policy.resources), *policy.argv]
+            return PopenJail(argv, cwd=policy.work_dir, env=env, stdout=stdout, stderr=stderr)
         if self.launcher == "direct":
             try:
                 return _launcher.spawn(
