@@ -9,11 +9,14 @@ composed here at run time; every test first waits until they run.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -179,3 +182,52 @@ time.sleep(1000)
             engine.kill()
             engine.wait()
         kill_marked(marker)
+
+
+UNPRIVILEGED_ENGINE = """
+import json, sys, tempfile, time
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from stockade.sandbox import Policy, _lifetime, get_backend
+for name in ("bwrap", "landlock", "none"):
+    base = Path(tempfile.mkdtemp(dir=sys.argv[2]))
+    (base / "work").mkdir()
+    policy = Policy(argv=("/bin/sh", "-c", "sleep 1000 & sleep 1000"), work_dir=base / "work",
+                    scratch_dir=base / "scratch", env={"PATH": "/usr/bin:/bin", "MARK": sys.argv[3]})
+    get_backend(name).start(policy, stdout=sys.stderr, stderr=sys.stderr)
+print(json.dumps(_lifetime.get().report()), flush=True)
+time.sleep(1000)
+"""
+
+
+def test_an_unprivileged_engines_jails_die_with_it(tmp_path: Path) -> None:
+    # An ordinary user cannot make cgroups without delegation: process
+    # groups and the watchdog must do. (As root, the engine runs as nobody.)
+    if not os.path.exists("/usr/bin/python3") or not shutil.which("setpriv"):
+        pytest.skip("needs /usr/bin/python3 and setpriv to start an engine as nobody")
+    marker = secrets.token_hex(8)
+    scratch = Path(tempfile.mkdtemp(prefix="stockade-nonroot-"))
+    scratch.chmod(0o777)
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    src = Path(__file__).resolve().parents[2] / "src"
+    engine = subprocess.Popen(
+        [*(as_nobody if os.geteuid() == 0 else []), "/usr/bin/python3", "-I", "-c",
+         UNPRIVILEGED_ENGINE, str(src), str(scratch), marker],
+        env={"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch)},
+        cwd=scratch, stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert engine.stdout is not None
+        report = json.loads(engine.stdout.readline())
+        if os.geteuid() == 0:
+            assert report["mechanism"] == "pgroup", report  # nobody has no delegated cgroup
+        await_(lambda: len(marked(marker, "sleep")) >= 6, "three jails' sleeps")
+        engine.send_signal(signal.SIGKILL)
+        engine.wait(10)
+        await_(lambda: not marked(marker), "the jails to end with their engine", timeout=10)
+    finally:
+        if engine.poll() is None:
+            engine.kill()
+            engine.wait()
+        kill_marked(marker)
+        shutil.rmtree(scratch, ignore_errors=True)
