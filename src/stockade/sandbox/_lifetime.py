@@ -26,11 +26,9 @@ Must not import runner, workspace, store or cli.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import queue
-import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -106,8 +104,13 @@ class JailGroup:
         if self._leaf is not None:
             self._leaf.close_fds()
         elif self._lifetime.mode == "pgroup":
-            self._pgid = running.pid
-            self._lifetime.watchdog_add(self._pgid)
+            pid = running.pid
+            # Only a group whose leader is not reaped yet: a reaped leader's
+            # number may name someone else's group once its own is empty.
+            # (0: an exec helper could not start it.)
+            if pid > 1 and running.wait(0) is None:
+                self._pgid = pid
+                self._lifetime.watchdog_add(pid)
         return GroupRunning(running, self)
 
     def discard(self) -> None:
@@ -141,13 +144,12 @@ class JailGroup:
                 self._finish_locked()
 
     def _signal(self) -> None:
+        # A process group was SIGKILLed by the launcher's side already, while
+        # its leader was unreaped (the only moment its id surely is ours).
         if self._leaf is not None:
             kind, folder = self._leaf.kill
             if _cgroup.populated(kind, folder):
                 _cgroup.kill(kind, folder)
-        elif self._pgid is not None:
-            with contextlib.suppress(OSError):
-                os.killpg(self._pgid, signal.SIGKILL)
 
     def _finish_locked(self) -> None:
         self._gone = True
@@ -157,12 +159,10 @@ class JailGroup:
                 _cgroup.remove(leaf.dirs)
             # else: left to the watchdog (or the next engine's sweep).
         elif self._pgid is not None:
-            # The group id stays ours while any member lives (the kernel
-            # does not reuse a pid that names a group).
+            # Only looks: the id stays the group's while a member lives, but
+            # not a moment longer, so no signal goes to it from here.
             deadline = time.monotonic() + END_TIMEOUT
             while _pgroup_alive(self._pgid) and time.monotonic() < deadline:
-                with contextlib.suppress(OSError):
-                    os.killpg(self._pgid, signal.SIGKILL)
                 time.sleep(0.005)
             self._lifetime.watchdog_remove(self._pgid)
 

@@ -38,8 +38,9 @@ from stockade.sandbox import _cgroup
 
 def _end_all(kill: Sequence[str] | None, folders: Sequence[Sequence[str]], groups: set[int]) -> None:
     for pgid in groups:
-        with contextlib.suppress(OSError):
-            os.killpg(pgid, signal.SIGKILL)
+        if pgid > 1:  # never our own group (0) or init's
+            with contextlib.suppress(OSError):
+                os.killpg(pgid, signal.SIGKILL)
     if kill is not None:
         _cgroup.end(kill[0], kill[1], timeout=10.0)
     _cgroup.remove(f for _, f in folders)
