@@ -359,10 +359,10 @@ class Lifetime:
         """What ``doctor --json`` and the run manifest record under ``lifetime``."""
         self._setup()
         detail: Mapping[str, str] = {
-            "cgroup2": "each jail in its own cgroup v2 (cgroup.kill ends it whole)",
-            "cgroup1": "each jail in its own cgroup v1 freezer cgroup (frozen, then killed)",
+            "cgroup2": "each jail in a cgroup v2 of its own, ended whole by cgroup.kill",
+            "cgroup1": "each jail in a cgroup v1 freezer cgroup of its own, frozen then killed",
             "pgroup": "each jail's process group, registered with the watchdog",
-            "off": "none (switched off)",
+            "off": "switched off",
         }
         return {
             "mechanism": self.mode,
