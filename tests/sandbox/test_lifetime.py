@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import secrets
 import shutil
 import signal
@@ -23,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from stockade.errors import InfraError
-from stockade.sandbox import Backend, Running, _cgroup, _lifetime
-from tests.sandbox.conftest import World
+from stockade.sandbox import Backend, Running, _cgroup, _direct, _lifetime
+from tests.sandbox.conftest import World, needs_c_launcher
 from tests.sandbox.lifetime_helpers import (
     ALL_BACKENDS,
     await_,
@@ -231,3 +232,45 @@ def test_an_unprivileged_engines_jails_die_with_it(tmp_path: Path) -> None:
             engine.wait()
         kill_marked(marker)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _v2_cgroup_of(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        if line.startswith("0::"):
+            return line[3:]
+    return ""
+
+
+def test_the_c_launcher_creates_a_jail_inside_its_cgroup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # clone3(CLONE_INTO_CGROUP) puts the child in cgroup_dir's cgroup without
+    # the migration a write to cgroup.procs costs; where the kernel refuses it
+    # (here: a folder that is no cgroup), the child writes cgroups[0] instead.
+    # Two different cgroups tell the two paths apart.
+    needs_c_launcher()
+    if platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip(f"clone3 into a cgroup is built for x86_64 and aarch64, not {platform.machine()}")
+    lifetimes = pinned_lifetime("cgroup2", monkeypatch)
+    lt = next(lifetimes)
+    into, written = lt.open(), lt.open()
+    launcher = _direct.LauncherThread()
+    not_a_cgroup = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with open(tmp_path / "out", "wb") as out:
+            fds = [out.fileno()] * 2
+            a = launcher.spawn("/bin/sleep", ["sleep", "30"], {}, fds,
+                               cgroups=[written.join_fds[0]], cgroup_dir=into.join_dir)  # fmt: skip
+            b = launcher.spawn("/bin/sleep", ["sleep", "30"], {}, fds,
+                               cgroups=[written.join_fds[0]], cgroup_dir=not_a_cgroup)  # fmt: skip
+        for running, group in ((a, into), (b, written)):
+            inside = _v2_cgroup_of(running.pid)
+            assert inside.count("/") == 2 and str(group.cgroup).endswith(inside), inside
+        for r in (a, b):
+            r.kill(0.1)
+    finally:
+        os.close(not_a_cgroup)
+        launcher.close()
+        into.discard()
+        written.discard()
+        next(lifetimes, None)

@@ -220,12 +220,18 @@ class Leaf:
 
     kill: tuple[str, str]
     dirs: list[str] = field(default_factory=list)
+    #: ``cgroup.procs`` of each, the kill hierarchy's first.
     fds: list[int] = field(default_factory=list)
+    #: The v2 kill cgroup's folder, to start the jail in (CLONE_INTO_CGROUP).
+    dir_fd: int = -1
     memory: bool = False
     pids: bool = False
 
     def close_fds(self) -> None:
         fds, self.fds = self.fds, []
+        if self.dir_fd >= 0:
+            fds.append(self.dir_fd)
+            self.dir_fd = -1
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -257,6 +263,8 @@ def make_leaf(
                 _write(os.path.join(path, "pids.max"), str(processes))
                 leaf.pids = True
             leaf.fds.append(os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC))
+            if kind == "v2" and (kind, folder) == tree.kill:
+                leaf.dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         leaf.close_fds()
         for path in reversed(leaf.dirs):

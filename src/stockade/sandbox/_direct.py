@@ -58,6 +58,7 @@ class _Request:
     cwd: bytes = b"/"
     limits: list[tuple[int, int]] = field(default_factory=list)
     cgroups: list[int] = field(default_factory=list)
+    cgroup_dir: int = -1
     done: threading.Event = field(default_factory=threading.Event)
     pid: int = 0
     pidfd: int = -1
@@ -136,12 +137,15 @@ class LauncherThread:
         cwd: str = "/",
         limits: Sequence[tuple[int, int]] = (),
         cgroups: Sequence[int] = (),
+        cgroup_dir: int = -1,
     ) -> DirectRunning:
         """Start ``exe`` with stdin on /dev/null and ``fds`` on 1, 2, 3, ...
 
         ``uid``/``gid``: switch to them first (a root engine's jail user).
         ``limits``: (resource, value) rlimits; ``cgroups``: ``cgroup.procs``
-        fds the child joins before anything else (see ``_lifetime``).
+        fds the child joins before anything else, ``cgroup_dir`` a cgroup v2
+        folder to create it in instead of joining ``cgroups[0]`` (see
+        ``_lifetime``).
         Raises ``OSError`` when the process cannot be created at all; a
         failure after that (the exec) is exit status 127 with the reason on
         the process's stderr.
@@ -158,6 +162,7 @@ class LauncherThread:
             os.fsencode(cwd),
             list(limits),
             list(cgroups),
+            cgroup_dir,
         )
         with self._lock:
             # Under the lock, so a concurrent close() cannot end the thread
@@ -189,7 +194,7 @@ class LauncherThread:
             try:
                 pid = _jail.spawn(
                     req.exe, req.argv, req.env, req.cwd, req.fds, -1, b"", req.uid, req.gid,
-                    False, req.limits, req.cgroups,
+                    False, req.limits, req.cgroups, req.cgroup_dir,
                 )  # fmt: skip
             except Exception as e:
                 # The caller waits for an answer, whatever fails. OSError: no

@@ -275,7 +275,11 @@ class Server:
         # The ruleset is built here, from paths opened with the helper's
         # rights, so the child only enforces it; the helper does not wait for
         # the child's exec, so items set up in parallel.
-        # The last ``cgroups`` fds are the jail's cgroup.procs (see ``_lifetime``).
+        # The last ``cgroups`` fds are the jail's cgroup.procs, and after them
+        # with ``cgroup_dir`` the first one's folder (see ``_lifetime``).
+        cgroup_dir = -1
+        if req.get("cgroup_dir") and fds:
+            fds, cgroup_dir = fds[:-1], fds[-1]
         ncg = int(req.get("cgroups", 0))
         fds, cgroups = fds[: len(fds) - ncg], fds[len(fds) - ncg :]
         if len(fds) < 2:
@@ -305,15 +309,16 @@ class Server:
             return
         try:
             if req.get("launcher") == "native":
-                self._vfork(req, fds, ruleset, cgroups)
+                self._vfork(req, fds, ruleset, cgroups, cgroup_dir)
             else:
                 self._fork(req, fds, ruleset, self.prep.seccomp(req["seccomp"]), cgroups)
         finally:
             os.close(ruleset)
 
     def _vfork(
-        self, req: dict[str, Any], fds: list[int], ruleset: int, cgroups: Sequence[int]
-    ) -> None:
+        self, req: dict[str, Any], fds: list[int], ruleset: int, cgroups: Sequence[int],
+        cgroup_dir: int = -1,
+    ) -> None:  # fmt: skip
         """Confine and exec in C (``_jail``): no Python fork, no second exec."""
         from stockade.sandbox import _jail
 
@@ -332,6 +337,7 @@ class Server:
                 req["uid"] is None and os.geteuid() == 0,
                 _rlimits(req),
                 list(cgroups),
+                cgroup_dir,
             )
         except (OSError, ValueError) as e:
             self.failed(req, fds, "spawn", e if isinstance(e, OSError) else OSError(str(e)))

@@ -15,5 +15,6 @@ def spawn(
     keep_root: bool,
     limits: Sequence[tuple[int, int]],
     cgroups: Sequence[int] = (),
+    cgroup_dir: int = -1,
     /,
 ) -> int: ...

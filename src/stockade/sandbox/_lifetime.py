@@ -90,6 +90,17 @@ class JailGroup:
         return tuple(self._leaf.fds) if self._leaf is not None else ()
 
     @property
+    def cgroup(self) -> str | None:
+        """The folder of the cgroup that ends the jail (None: a process group)."""
+        return self._leaf.kill[1] if self._leaf is not None else None
+
+    @property
+    def join_dir(self) -> int:
+        """A cgroup v2 folder fd to start the jail in (CLONE_INTO_CGROUP),
+        whose ``cgroup.procs`` is ``join_fds[0]``; -1 if none."""
+        return self._leaf.dir_fd if self._leaf is not None else -1
+
+    @property
     def memory_limited(self) -> bool:
         return self._leaf is not None and self._leaf.memory
 

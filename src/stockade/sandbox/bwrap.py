@@ -455,14 +455,14 @@ class BwrapBackend(Backend):
     def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:
         jail = _lifetime.get().open(memory_bytes=policy.resources.memory_bytes)
         try:
-            return jail.adopt(self._start(policy, stdout, stderr, jail.join_fds))
+            return jail.adopt(self._start(policy, stdout, stderr, jail.join_fds, jail.join_dir))
         except BaseException:
             jail.discard()
             raise
 
     def _start(
         self, policy: Policy, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
-        cgroups: Sequence[int],
+        cgroups: Sequence[int], cgroup_dir: int,
     ) -> Running:  # fmt: skip
         layout, program = self._prepare()
         user = group = None
@@ -507,7 +507,7 @@ class BwrapBackend(Backend):
                 try:
                     return self._direct.spawn(
                         self._bwrap, argv, jail_env(policy), fds, uid=user, gid=group,
-                        cgroups=cgroups,
+                        cgroups=cgroups, cgroup_dir=cgroup_dir,
                     )  # fmt: skip
                 except OSError as e:
                     raise InfraError(f"cannot start bwrap: {e}") from e

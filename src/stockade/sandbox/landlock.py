@@ -256,14 +256,14 @@ class LandlockBackend(Backend):
         r = policy.resources
         jail = _lifetime.get().open(memory_bytes=r.memory_bytes, processes=r.processes)
         try:
-            return jail.adopt(self._start(policy, stdout, stderr, jail.join_fds))
+            return jail.adopt(self._start(policy, stdout, stderr, jail.join_fds, jail.join_dir))
         except BaseException:
             jail.discard()
             raise
 
     def _start(
         self, policy: Policy, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
-        cgroups: Sequence[int],
+        cgroups: Sequence[int], cgroup_dir: int,
     ) -> Running:  # fmt: skip
         if self._layout is None:
             self._layout = scan_host()
@@ -305,8 +305,10 @@ class LandlockBackend(Backend):
             launcher=self.launcher,
         )
         request["cgroups"] = len(cgroups)
+        request["cgroup_dir"] = cgroup_dir >= 0
+        fds = [fileno(stdout), fileno(stderr), *cgroups, *([cgroup_dir] if cgroup_dir >= 0 else [])]
         try:
-            job = self._helpers.spawn(request, (fileno(stdout), fileno(stderr), *cgroups))
+            job = self._helpers.spawn(request, fds)
         except BaseException:
             for hook in on_exit:
                 hook()

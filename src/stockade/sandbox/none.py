@@ -144,7 +144,9 @@ class NoneBackend(Backend):
         jail = _lifetime.get().open(memory_bytes=r.memory_bytes, processes=r.processes)
         try:
             limits = rlimits(r, pids_limited=jail.pids_limited)
-            return jail.adopt(self._start(policy, env, limits, stdout, stderr, jail.join_fds))
+            return jail.adopt(
+                self._start(policy, env, limits, stdout, stderr, jail.join_fds, jail.join_dir)
+            )
         except BaseException:
             jail.discard()
             raise
@@ -152,6 +154,7 @@ class NoneBackend(Backend):
     def _start(
         self, policy: Policy, env: dict[str, str], limits: list[tuple[int, int]],
         stdout: IO[bytes] | int, stderr: IO[bytes] | int, cgroups: Sequence[int],
+        cgroup_dir: int,
     ) -> Running:  # fmt: skip
         fds = [fileno(stdout), fileno(stderr)]
         if not sys.platform.startswith("linux"):
@@ -163,6 +166,7 @@ class NoneBackend(Backend):
                 return _launcher.spawn(
                     _resolve(policy.argv[0], env), policy.argv, env, fds,
                     cwd=str(policy.work_dir), limits=limits, cgroups=cgroups,
+                    cgroup_dir=cgroup_dir,
                 )  # fmt: skip
             except OSError as e:
                 raise InfraError(f"cannot start {policy.argv[0]}: {e}") from e
