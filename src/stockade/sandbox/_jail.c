@@ -1,5 +1,9 @@
 /* The C launcher: vfork, confine, exec, in one C call.
  *
+ * The vfork creates the child straight in the jail's cgroup v2 where it can
+ * (clone3 with CLONE_INTO_CGROUP, see clone3_vfork); the child joins any
+ * other cgroup it is given first thing (see _lifetime.py).
+ *
  * For landlock, the exec helper (_forkserver.py) builds the Landlock ruleset
  * and the seccomp program; this module only starts the item with them. For
  * bwrap, the engine's launcher thread (_direct.py) starts bwrap with it,

@@ -3,9 +3,10 @@ process exits, and when the engine dies.
 
 One ``Lifetime`` per engine process (``get()``) picks the mechanism once:
 
-* ``cgroup2`` / ``cgroup1``: each jail gets its own cgroup (``_cgroup``),
-  joined by the launcher's child before exec, so everything the jail starts
-  is in it whatever session it makes. ``Running.kill`` kills the cgroup and
+* ``cgroup2`` / ``cgroup1``: each jail gets its own cgroup (``_cgroup``);
+  the C launcher creates the jail's first process in it (clone3 with
+  CLONE_INTO_CGROUP, v2), or the launcher's child joins it before exec, so
+  everything the jail starts is in it whatever session it makes. ``Running.kill`` kills the cgroup and
   returns once it is empty; the end of the main process kills the rest too
   (a background thread waits for it and removes the cgroup); the watchdog
   (``_watchdog``) kills the engine's whole cgroup folder when the engine
