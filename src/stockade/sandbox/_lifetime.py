@@ -6,12 +6,12 @@ One ``Lifetime`` per engine process (``get()``) picks the mechanism once:
 * ``cgroup2`` / ``cgroup1``: each jail gets its own cgroup (``_cgroup``);
   the C launcher creates the jail's first process in it (clone3 with
   CLONE_INTO_CGROUP, v2), or the launcher's child joins it before exec, so
-  everything the jail starts is in it whatever session it makes. ``Running.kill`` kills the cgroup and
-  returns once it is empty; the end of the main process kills the rest too
-  (a background thread waits for it and removes the cgroup); the watchdog
-  (``_watchdog``) kills the engine's whole cgroup folder when the engine
-  dies. Memory and pids controllers, where present, bound the jail as a
-  whole.
+  everything the jail starts is in it whatever session it makes.
+  ``Running.kill`` kills the cgroup and returns once it is empty; the end of
+  the main process kills the rest too (a background thread waits for it
+  and removes the cgroup); the watchdog (``_watchdog``) kills the engine's
+  whole cgroup folder when the engine dies. Memory and pids controllers,
+  where present, bound the jail as a whole.
 * ``pgroup`` (no cgroup can be made: an unprivileged engine without a
   delegated cgroup, a container with a read-only cgroupfs): each jail's
   process group is registered with the watchdog. landlock jails cannot leave
