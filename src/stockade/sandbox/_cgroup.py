@@ -337,34 +337,49 @@ def kill(kind: str, folder: str) -> None:
 
 def end(kind: str, folder: str, timeout: float = 10.0) -> bool:
     """Kill everything in ``folder`` and wait until it is empty; False on timeout."""
+    if kind == "v2":
+        return _end_v2(folder, timeout)
     if not populated(kind, folder):
         return True
-    kill(kind, folder)
     deadline = time.monotonic() + timeout
-    events = None
-    if kind == "v2":
-        with contextlib.suppress(OSError):
-            events = os.open(os.path.join(folder, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
+    pause = 0.001
+    while True:
+        kill(kind, folder)  # again each round: a task not yet frozen may have forked
+        if not populated(kind, folder):
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(left, pause))
+        pause = min(pause * 2, 0.05)
+
+
+def _end_v2(folder: str, timeout: float) -> bool:
     try:
+        events = os.open(os.path.join(folder, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        # Read through the polled fd: poll() reports a change since this
+        # fd's last read (reading through another fd would leave it ready).
+        def is_populated() -> bool:
+            return b"populated 1" in os.pread(events, 4096, 0)
+
+        if not is_populated():
+            return True
+        _write(os.path.join(folder, "cgroup.kill"), "1")
         poller = select.poll()
-        if events is not None:
-            poller.register(events, select.POLLPRI)
-        pause = 0.001
-        while populated(kind, folder):
+        poller.register(events, select.POLLPRI)
+        deadline = time.monotonic() + timeout
+        while is_populated():
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            if events is not None:
-                # cgroup.events notifies a change; the slice bounds a missed one.
-                poller.poll(min(left, 0.05) * 1000)
-            else:
-                time.sleep(min(left, pause))
-                pause = min(pause * 2, 0.05)
-                kill(kind, folder)  # a task that was not frozen may have forked
+            # The slice bounds a missed notification.
+            poller.poll(min(left, 0.05) * 1000)
         return True
     finally:
-        if events is not None:
-            os.close(events)
+        os.close(events)
 
 
 def remove(folders: Iterable[str]) -> bool:
