@@ -146,6 +146,13 @@ class JailGroup:
                 return
             if wait:
                 self._finish_locked()
+            elif self._leaf is None:
+                # A process group was SIGKILLed as its leader was reaped; no
+                # cgroup to remove, so nothing to wait for (only kill() waits:
+                # finding zombies means reading all of /proc).
+                self._gone = True
+                if self._pgid is not None:
+                    self._lifetime.watchdog_remove(self._pgid)
             elif not self._queued:
                 self._queued = True
                 _reaper.put(self)
