@@ -240,3 +240,14 @@ def test_what_cannot_be_applied_is_said(tmp_path: Path) -> None:
     _, _, err = _resource_run(project, "none", True, "{memory: 1G}", ok,
                               env={"STOCKADE_JAIL_LIFETIME": "pgroup"})  # fmt: skip
     assert "a: resources.memory limits each process's address space only" in err, err
+
+
+def test_an_unknown_mechanism_is_one_clear_error(tmp_path: Path) -> None:
+    project = Project(tmp_path)
+    wf = project.write("wf.yaml", "name: one\nsteps:\n  - id: a\n    run: echo hi\n")
+    bad = {"STOCKADE_JAIL_LIFETIME": "cgroup3"}
+    r = project.run("run", str(wf), env=bad)
+    assert r.code == 2 and "STOCKADE_JAIL_LIFETIME='cgroup3': expected one of" in r.err, r.err
+    assert "Traceback" not in r.err
+    doctor = project.run("doctor", env=bad)
+    assert "Traceback" not in doctor.err and "STOCKADE_JAIL_LIFETIME='cgroup3'" in doctor.out

@@ -37,6 +37,9 @@ def _render(report: dict[str, Any]) -> None:
         return
     console.print(report["start_line"], markup=False)
     life = report["lifetime"]
+    if life.get("error"):
+        console.print(f"[red]jail lifetime:[/red] {life['error']}")
+        return
     console.print(f"jail lifetime: {life['mechanism']}: {life['detail']}", markup=False)
     for what, key in (("memory", "memory"), ("processes", "processes")):
         console.print(f"  resources.{what}: {life[key] or 'rlimits only'}", markup=False)

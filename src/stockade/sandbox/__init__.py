@@ -106,7 +106,10 @@ def _run_probe(backend: Backend) -> ProbeReport:
     lims = backend.limitations()
     if not avail.available:
         return ProbeReport(backend.name, False, False, avail.reason, {}, lims)
-    lims += _lifetime.get().limitations()
+    try:
+        lims += _lifetime.get().limitations()
+    except InfraError as e:
+        return ProbeReport(backend.name, True, False, str(e), {}, lims)
     token = secrets.token_hex(16)
     base = Path(tempfile.mkdtemp(prefix="stockade-probe-"))
     try:
@@ -235,7 +238,11 @@ def doctor(env: Mapping[str, str]) -> dict[str, Any]:
             # What the backend says of itself (landlock: ABI and launcher).
             entry["detail"] = backend.availability().reason
         backends.append(entry)
-    result: dict[str, Any] = {"backends": backends, "lifetime": lifetime()}
+    try:
+        life = lifetime()
+    except InfraError as e:
+        life = {"mechanism": None, "error": str(e)}
+    result: dict[str, Any] = {"backends": backends, "lifetime": life}
     try:
         sel = select_backend(None, env) if not env.get("STOCKADE_SANDBOX") else None
         if sel is None:
