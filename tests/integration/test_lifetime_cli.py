@@ -209,8 +209,9 @@ def test_file_size_applies_without_a_sandbox(tmp_path: Path, sandbox: str, isola
     project = Project(tmp_path)
     write = "head -c 5000000 /dev/zero > out/big"
     code, message, err = _resource_run(project, sandbox, isolate, "{file_size: 1K}", write)
-    # The shell reports its child killed by SIGXFSZ as 128 + 25.
-    assert code == 1 and message == "exit status 153", (message, err)
+    # The shell reports its child killed by SIGXFSZ as 128 + 25, which the
+    # runner's readable failure names.
+    assert code == 1 and message == "exceeded file_size 1K (killed by SIGXFSZ)", (message, err)
     # Positive control: the same write without the limit goes through.
     code, message, err = _resource_run(project, sandbox, isolate, "{cpu_seconds: 60}", write)
     assert code == 0, (message, err)
@@ -222,7 +223,7 @@ def test_memory_applies_without_a_sandbox(tmp_path: Path, sandbox: str, isolate:
     project = Project(tmp_path)
     alloc = "python3 -c 'b = bytearray(1 << 30); print(\"allocated\")'"
     code, message, err = _resource_run(project, sandbox, isolate, "{memory: 256M}", alloc)
-    assert code == 1 and message == "exit status 1", (message, err)
+    assert code == 1 and message == "exceeded memory 256M (an allocation failed)", (message, err)
     code, message, err = _resource_run(project, sandbox, isolate, "{cpu_seconds: 60}", alloc)
     assert code == 0, (message, err)
 
