@@ -392,6 +392,8 @@ def test_meta_is_the_engines_alone(project: Project) -> None:
     assert project.run("run", str(wf), "--run-id", "meta1").code == 0
     meta = project.item("meta1", "a") / "meta"
     assert stat.S_IMODE(meta.stat().st_mode) & 0o077 == 0
+    capture = meta / "1.out"
+    assert capture.read_text() == "private\n"  # the engine reads it
     if os.geteuid() == 0:
         # Another local user cannot list it or read a capture in it.
         other = subprocess.run(

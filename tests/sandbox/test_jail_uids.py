@@ -23,7 +23,7 @@ from typing import IO
 
 import pytest
 
-from stockade.sandbox import Backend, Running, _uids
+from stockade.sandbox import Backend, Running, _lifetime, _uids
 from tests.sandbox.conftest import World, available_backend, jail_ids, make_world
 
 pytestmark = pytest.mark.sandbox
@@ -314,7 +314,10 @@ def test_no_process_of_a_jail_outlives_its_uid(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, name: str, pinned: bool
 ) -> None:
     """A helper that dies takes the jail's first process with it, not its
-    grandchildren: the engine kills what is left before the uid moves on."""
+    grandchildren: the engine kills what is left before the uid moves on.
+    The jail's cgroup (``_lifetime``) would end them too: switched off here,
+    so the uid sweep alone is what is tested."""
+    monkeypatch.setattr(_lifetime, "_current", _lifetime.Lifetime("off"))
     backend = available_backend(request, name)
     lease = _uids.jail_uids().acquire() if pinned else None
     if lease is not None:  # the uid is the test's: nothing ends it

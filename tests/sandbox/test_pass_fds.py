@@ -49,7 +49,7 @@ def test_passed_fd_lands_on_3_and_nothing_else_leaks(world: World) -> None:
 
 
 def test_passed_fd_without_a_sandbox(none_world: World) -> None:
-    """The none backend places it the same way (a shim, as subprocess cannot)."""
+    """The none backend places it the same way (its C launcher)."""
     _round_trip(none_world)
 
 

@@ -40,7 +40,7 @@ def policy(**kw: object) -> Policy:
 
 HEAD = [
     "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-    "--new-session", "--cap-drop", "ALL", "--hostname", "stockade",
+    "--cap-drop", "ALL", "--hostname", "stockade",
 ]  # fmt: skip
 SYSTEM = [
     "--ro-bind", "/usr", "/usr",
@@ -51,8 +51,17 @@ SYSTEM = [
     "--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache",
     "--ro-bind", "/etc/passwd", "/etc/passwd",
 ]  # fmt: skip
-FRESH = ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/home/stockade"]
-WORKB = ["--bind", str(WORK), str(WORK), "--chdir", str(WORK), "--seccomp", "5", "--"]
+# /tmp, HOME and /dev/shm: one folder on the item's disk scratch, never a tmpfs.
+FRESH = [
+    "--proc", "/proc", "--dev", "/dev",
+    "--bind", str(SCRATCH), "/tmp",
+    "--bind", str(SCRATCH), "/home/stockade",
+    "--bind", str(SCRATCH), "/dev/shm",
+]  # fmt: skip
+#: bubblewrap's own tmpfs root and /dev, read-only once every mount point exists.
+READ_ONLY = ["--remount-ro", "/dev", "--remount-ro", "/"]
+TAIL = ["--chdir", str(WORK), "--seccomp", "5", "--"]
+WORKB = ["--bind", str(WORK), str(WORK), *READ_ONLY, *TAIL]
 
 ARGV_CASES = [
     ("default", policy(), {}, [*HEAD, *SYSTEM, *FRESH, *WORKB, "/bin/sh", "-c", "echo hi"]),
@@ -75,10 +84,13 @@ ARGV_CASES = [
         "resources and work bridged",
         policy(resources=Resources(memory_bytes=1 << 28, cpu_seconds=9, processes=64,
                                    file_size_bytes=1 << 20)),
-        {str(WORK): "/tmp/bridge/1"},
+        {str(WORK): "/tmp/bridge/1", str(SCRATCH): "/tmp/bridge/2"},
         [
-            *HEAD, *SYSTEM, *FRESH,
-            "--bind", "/tmp/bridge/1", str(WORK), "--chdir", str(WORK), "--seccomp", "5", "--",
+            *HEAD, *SYSTEM, "--proc", "/proc", "--dev", "/dev",
+            "--bind", "/tmp/bridge/2", "/tmp",
+            "--bind", "/tmp/bridge/2", "/home/stockade",
+            "--bind", "/tmp/bridge/2", "/dev/shm",
+            "--bind", "/tmp/bridge/1", str(WORK), *READ_ONLY, *TAIL,
             "/usr/bin/prlimit", "--as=268435456", "--cpu=9", "--nproc=64", "--fsize=1048576",
             "--core=0", "--",
             "/bin/sh", "-c", "echo hi",
@@ -118,6 +130,14 @@ def test_bwrap_never_binds_sensitive_host_paths(forbidden: str) -> None:
         assert not any(s == forbidden or s.startswith(forbidden + "/") for s in sources
                        if not s.startswith("/run/resolvconf") and not s.startswith("/run/x")
                        and not s.startswith("/runs/"))  # fmt: skip
+
+
+def test_bwrap_memory_tmp_is_the_old_layout() -> None:
+    # The positive controls' switch: tmpfs /tmp and HOME, writable / and /dev.
+    argv = bwrap_argv(policy(), LAYOUT, seccomp_fd=5, memory_tmp=True)
+    fresh = ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/home/stockade"]
+    assert argv == [*HEAD, *SYSTEM, *fresh, "--bind", str(WORK), str(WORK), *TAIL,
+                    "/bin/sh", "-c", "echo hi"]  # fmt: skip
 
 
 def test_jail_env_sets_home_tmpdir_and_proxy() -> None:

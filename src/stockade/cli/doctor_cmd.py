@@ -36,6 +36,15 @@ def _render(report: dict[str, Any]) -> None:
         console.print(f"[red]error:[/red] {report['error']}")
         return
     console.print(report["start_line"], markup=False)
+    life = report["lifetime"]
+    if life.get("error"):
+        console.print(f"[red]jail lifetime:[/red] {life['error']}")
+        return
+    console.print(f"jail lifetime: {life['mechanism']}: {life['detail']}", markup=False)
+    for what, key in (("memory", "memory"), ("processes", "processes")):
+        console.print(f"  resources.{what}: {life[key] or 'rlimits only'}", markup=False)
+    if life["watchdog"]:
+        console.print(f"  watchdog: pid {life['watchdog']} ends every jail if the engine dies")
     if report["limitations"]:
         console.print(f"What {report['active']} does not do:")
         for line in report["limitations"]:

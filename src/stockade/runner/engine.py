@@ -40,7 +40,12 @@ from stockade.runner.attempt import (
 )
 from stockade.runner.executor import Executor
 from stockade.runner.kinds import is_inline, kind_of
-from stockade.runner.kinds.process import render_inputs, step_environment, template_refs
+from stockade.runner.kinds.process import (
+    render_inputs,
+    resources_of,
+    step_environment,
+    template_refs,
+)
 from stockade.runner.report import Reporter
 from stockade.runner.resume import record_lost_attempts, verified_items
 from stockade.runner.reuse import InputDigest, decide, input_digest, key_for, place, step_reuses
@@ -400,6 +405,12 @@ class Engine:
 
     def _step_started(self, action: StepStarted) -> None:
         self.reporter.step_started(action.step, action.items)
+        step = self.steps[action.step].step
+        if step.kind in ("run", "agent"):
+            # What the backend cannot apply of the step's resources, said once per step.
+            backend = self.ctx.backend if step.isolate else self.ctx.none_backend
+            for note in backend.unapplied(resources_of(step)):
+                self.reporter.echo(f"{action.step}: {note}")
         self._event("step_started", {"step": action.step, "items": action.items})
         sr = self.steps[action.step]
         keys = [it.key for it in sr.items]

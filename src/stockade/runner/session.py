@@ -99,6 +99,12 @@ def choose_sandbox(requested: str | None, env: Mapping[str, str]) -> SandboxChoi
                          sandbox.start_line(sel))
 
 
+def _lifetime() -> dict[str, Any]:
+    from stockade import sandbox
+
+    return sandbox.lifetime()
+
+
 def apply_overrides(spec: Spec, overrides: Mapping[str, str] | None) -> dict[str, Any]:
     values = dict(spec.workflow.vars)
     for key, value in (overrides or {}).items():
@@ -280,7 +286,7 @@ def _manifest(spec: Spec, plan: Plan, run_id: str, started: float, values: dict[
                  "python": sys.version.split()[0]},
         "engine": {"name": "stockade", "version": __version__},
         "sandbox": {"backend": choice.backend.name, "enforced": choice.enforced,
-                    "limitations": list(choice.limitations)},
+                    "limitations": list(choice.limitations), "lifetime": _lifetime()},
         "jobs": opts.jobs or available_cpus(),
     }
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.errors import InfraError
+from stockade.sandbox import _lifetime
 from stockade.sandbox.base import Availability, Backend, Running
 from stockade.sandbox.policy import ENV_ALLOWLIST, ExtraMount, NetworkMode, Policy, Resources
 from stockade.sandbox.proxy import EgressProxy
@@ -105,6 +106,10 @@ def _run_probe(backend: Backend) -> ProbeReport:
     lims = backend.limitations()
     if not avail.available:
         return ProbeReport(backend.name, False, False, avail.reason, {}, lims)
+    try:
+        lims += _lifetime.get().limitations()
+    except InfraError as e:
+        return ProbeReport(backend.name, True, False, str(e), {}, lims)
     token = secrets.token_hex(16)
     base = Path(tempfile.mkdtemp(prefix="stockade-probe-"))
     try:
@@ -233,7 +238,11 @@ def doctor(env: Mapping[str, str]) -> dict[str, Any]:
             # What the backend says of itself (landlock: ABI and launcher).
             entry["detail"] = backend.availability().reason
         backends.append(entry)
-    result: dict[str, Any] = {"backends": backends}
+    try:
+        life = lifetime()
+    except InfraError as e:
+        life = {"mechanism": None, "error": str(e)}
+    result: dict[str, Any] = {"backends": backends, "lifetime": life}
     try:
         sel = select_backend(None, env) if not env.get("STOCKADE_SANDBOX") else None
         if sel is None:
@@ -250,6 +259,12 @@ def doctor(env: Mapping[str, str]) -> dict[str, Any]:
         start_line=start_line(sel),
     )
     return result
+
+
+def lifetime() -> dict[str, Any]:
+    """How jails end here (cgroup, process group, watchdog) and what that does
+    not cover: ``doctor --json`` and the run manifest record it."""
+    return _lifetime.get().report()
 
 
 def close_all() -> None:
@@ -275,6 +290,7 @@ __all__ = [
     "close_all",
     "doctor",
     "get_backend",
+    "lifetime",
     "probe",
     "select_backend",
     "start_line",

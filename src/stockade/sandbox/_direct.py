@@ -55,6 +55,10 @@ class _Request:
     fds: list[int]
     uid: int
     gid: int
+    cwd: bytes = b"/"
+    limits: list[tuple[int, int]] = field(default_factory=list)
+    cgroups: list[int] = field(default_factory=list)
+    cgroup_dir: int = -1
     done: threading.Event = field(default_factory=threading.Event)
     pid: int = 0
     pidfd: int = -1
@@ -130,10 +134,18 @@ class LauncherThread:
         *,
         uid: int | None = None,
         gid: int | None = None,
+        cwd: str = "/",
+        limits: Sequence[tuple[int, int]] = (),
+        cgroups: Sequence[int] = (),
+        cgroup_dir: int = -1,
     ) -> DirectRunning:
         """Start ``exe`` with stdin on /dev/null and ``fds`` on 1, 2, 3, ...
 
         ``uid``/``gid``: switch to them first (a root engine's jail user).
+        ``limits``: (resource, value) rlimits; ``cgroups``: ``cgroup.procs``
+        fds the child joins before anything else, ``cgroup_dir`` a cgroup v2
+        folder to create it in instead of joining ``cgroups[0]`` (see
+        ``_lifetime``).
         Raises ``OSError`` when the process cannot be created at all; a
         failure after that (the exec) is exit status 127 with the reason on
         the process's stderr.
@@ -147,6 +159,10 @@ class LauncherThread:
             list(fds),
             -1 if uid is None else uid,
             -1 if gid is None else gid,
+            os.fsencode(cwd),
+            list(limits),
+            list(cgroups),
+            cgroup_dir,
         )
         with self._lock:
             # Under the lock, so a concurrent close() cannot end the thread
@@ -177,8 +193,9 @@ class LauncherThread:
         while (req := requests.get()) is not None:
             try:
                 pid = _jail.spawn(
-                    req.exe, req.argv, req.env, b"/", req.fds, -1, b"", req.uid, req.gid, []
-                )
+                    req.exe, req.argv, req.env, req.cwd, req.fds, -1, b"", req.uid, req.gid,
+                    req.limits, None, req.cgroups, req.cgroup_dir,
+                )  # fmt: skip
             except Exception as e:
                 # The caller waits for an answer, whatever fails. OSError: no
                 # process; ValueError: a string with a NUL byte.

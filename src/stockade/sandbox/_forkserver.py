@@ -8,15 +8,21 @@ stdout/stderr and any extra fds passed by ``SCM_RIGHTS``).
 * ``mode: landlock``: the helper builds the Landlock ruleset from paths it
   opens (system paths cached across items). With ``launcher: native`` the C
   extension ``_jail`` vforks and does the rest in the child; otherwise the
-  helper forks and the Python child does it: start a session, set rlimits,
-  make the bridge mounts (``_reach``: a private mount namespace where
-  root-only folders above the jail's paths are passable), drop to the jail
-  uid, set the parent-death signal (after the uid change, which clears it),
-  enforce Landlock, install seccomp, ``execve``.
-* ``mode: plain`` (bwrap confines itself): ``posix_spawn`` of bwrap, or,
+  helper forks and the Python child does it: join the jail's cgroups, start
+  a session, set rlimits, make the bridge mounts (``_reach``: a private
+  mount namespace where root-only folders above the jail's paths are
+  passable), drop to the jail uid, set the parent-death signal (after the
+  uid change, which clears it), enforce Landlock, install seccomp,
+  ``execve``.
+* ``mode: plain`` (bwrap, which confines itself, or the ``none`` backend's
+  rlimits): ``posix_spawn`` when nothing is to be done in the child, or,
   when a uid must change, the C launcher (``setpriv`` or a forked child
-  without it); sources below root-only directories are bind-mounted onto
-  bridge points in a private mount namespace by a forked child first.
+  without it); a forked child joins cgroups and sets rlimits; sources below
+  root-only directories are bind-mounted onto bridge points in a private
+  mount namespace by a forked child first.
+* The last fds of a request are the jail's ``cgroup.procs`` (``cgroups``:
+  how many) and, with ``cgroup_dir``, a cgroup v2 folder the C launcher
+  creates the child in (``_lifetime``); joining comes before any uid change.
 
 Helpers always run as the engine's user: a helper holds every item's
 environment in its memory, so it never runs as a jail's uid.
@@ -47,6 +53,7 @@ import select
 import signal
 import socket
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from stockade.sandbox import _landlock, seccomp
@@ -149,6 +156,8 @@ def _bridge_mounts(libc: ctypes.CDLL, plan: dict[str, list[str]]) -> None:
 
 def _rlimits(req: dict[str, Any]) -> list[tuple[int, int]]:
     """The (resource, limit) pairs the jail gets: never a core dump, plus the step's limits."""
+    if req.get("limits") is not None:
+        return [(int(which), int(value)) for which, value in req["limits"]]  # computed by the engine
     limits = req["rlimits"]
     out = [(resource.RLIMIT_CORE, 0)]
     for key, which in (
@@ -179,7 +188,7 @@ def _resolve(argv0: str, env: dict[str, str]) -> str:
 
 def _child(
     req: dict[str, Any], prep: Prepared, fprog: seccomp.SockFprog | None, fds: list[int],
-    ruleset: int, exe: str, parent: int,
+    ruleset: int, exe: str, parent: int, cgroups: Sequence[int] = (),
 ) -> None:  # fmt: skip
     """In the forked child: confine, then exec. Never returns.
 
@@ -196,12 +205,18 @@ def _child(
         # fds = [stdout, stderr, *extra]; extras land on 3, 4, ... (the
         # numbers the launch was built with), the ruleset right after them.
         keep = [*fds[2:], *([ruleset] if ruleset >= 0 else [])]
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 1024) for fd in fds[:2] + keep]
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 1024) for fd in [*fds[:2], *keep, *cgroups]]
         os.dup2(prep.devnull, 0)
         os.dup2(high[0], 1)
         os.dup2(high[1], 2)
-        for i, fd in enumerate(high[2:]):
+        for i, fd in enumerate(high[2 : 2 + len(keep)]):
             os.dup2(fd, 3 + i)
+        stage = "cgroup"
+        # Join the jail's cgroups (writing 0 moves the writer): everything
+        # the jail starts is then in them, whatever session it makes.
+        for fd in high[2 + len(keep) :]:
+            os.write(fd, b"0")
+        stage = "setup"
         os.closerange(3 + len(keep), 65536)
         ruleset_fd = 2 + len(keep) if ruleset >= 0 else -1
         stage = "rlimits"
@@ -277,18 +292,27 @@ class Server:
         # The ruleset is built here, from paths opened with the helper's
         # rights, so the child only enforces it; the helper does not wait for
         # the child's exec, so items set up in parallel.
+        # The last ``cgroups`` fds are the jail's cgroup.procs, and after them
+        # with ``cgroup_dir`` the first one's folder (see ``_lifetime``).
+        cgroup_dir = -1
+        if req.get("cgroup_dir") and fds:
+            fds, cgroup_dir = fds[:-1], fds[-1]
+        ncg = int(req.get("cgroups", 0))
+        fds, cgroups = fds[: len(fds) - ncg], fds[len(fds) - ncg :]
         if len(fds) < 2:
             self.send({"type": "failed", "id": req["id"], "error": "stdout/stderr missing"})
             return
-        if req["mode"] == "plain":  # bwrap: it confines itself
+        if req["mode"] == "plain":  # bwrap (it confines itself) or the none backend
+            # posix_spawn cannot join a cgroup or set an rlimit in the child.
+            direct = not cgroups and req.get("limits") is None
             if req.get("bridges"):
-                self._fork(req, fds, -1, None)
+                self._fork(req, fds, -1, None, cgroups)
             elif req["uid"] is not None and _native():
-                self._vfork(req, fds, -1)
-            elif req["uid"] is None or req.get("setpriv"):
+                self._vfork(req, fds, -1, cgroups)
+            elif direct and (req["uid"] is None or req.get("setpriv")):
                 self._posix_spawn(req, fds)
             else:
-                self._fork(req, fds, -1, None)
+                self._fork(req, fds, -1, None, cgroups)
             return
         try:
             ruleset = _landlock.build_ruleset(
@@ -306,13 +330,16 @@ class Server:
             return
         try:
             if req.get("launcher") == "native":
-                self._vfork(req, fds, ruleset)
+                self._vfork(req, fds, ruleset, cgroups, cgroup_dir)
             else:
-                self._fork(req, fds, ruleset, self.prep.seccomp(req["seccomp"]))
+                self._fork(req, fds, ruleset, self.prep.seccomp(req["seccomp"]), cgroups)
         finally:
             os.close(ruleset)
 
-    def _vfork(self, req: dict[str, Any], fds: list[int], ruleset: int) -> None:
+    def _vfork(
+        self, req: dict[str, Any], fds: list[int], ruleset: int, cgroups: Sequence[int],
+        cgroup_dir: int = -1,
+    ) -> None:  # fmt: skip
         """Confine and exec in C (``_jail``): no Python fork, no second exec."""
         from stockade.sandbox import _jail
 
@@ -335,8 +362,10 @@ class Server:
                 self.prep.program(req["seccomp"]) if "seccomp" in req else b"",
                 -1 if req["uid"] is None else req["uid"],
                 -1 if req["gid"] is None else req["gid"],
-                _rlimits(req) if req["mode"] == "landlock" else [],
+                _rlimits(req) if req["mode"] == "landlock" or req.get("limits") is not None else [],
                 bridge,
+                list(cgroups),
+                cgroup_dir,
             )
         except (OSError, ValueError) as e:
             self.failed(req, fds, "spawn", e if isinstance(e, OSError) else OSError(str(e)))
@@ -375,8 +404,9 @@ class Server:
         self.started(req["id"], pid)
 
     def _fork(
-        self, req: dict[str, Any], fds: list[int], ruleset: int, fprog: seccomp.SockFprog | None
-    ) -> None:
+        self, req: dict[str, Any], fds: list[int], ruleset: int, fprog: seccomp.SockFprog | None,
+        cgroups: Sequence[int] = (),
+    ) -> None:  # fmt: skip
         exe = _resolve(req["argv"][0], req["env"])
         parent = os.getpid()
         try:
@@ -385,7 +415,7 @@ class Server:
             self.failed(req, fds, "fork", e)
             return
         if pid == 0:
-            _child(req, self.prep, fprog, fds, ruleset, exe, parent)
+            _child(req, self.prep, fprog, fds, ruleset, exe, parent, cgroups)
         self.started(req["id"], pid)
 
     def reap(self) -> None:

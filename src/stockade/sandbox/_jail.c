@@ -1,5 +1,12 @@
 /* The C launcher: vfork, confine, exec, in one C call.
  *
+ * The vfork creates the child straight in the jail's cgroup v2 where it can
+ * (clone3 with CLONE_INTO_CGROUP, see clone3_vfork); the child joins any
+ * other cgroup it is given first thing (see _lifetime.py). Everything that
+ * needs the engine's privileges (the bridge mounts of _reach.py, and on
+ * kernels before 5.16 the cgroup writes) comes before the switch to the
+ * jail's uid; the parent-death signal comes after it (a uid change clears it).
+ *
  * For landlock, the exec helper (_forkserver.py) builds the Landlock ruleset
  * and the seccomp program; this module only starts the item with them. For
  * bwrap, the engine's launcher thread (_direct.py) starts bwrap with it,
@@ -24,6 +31,7 @@
 #include <linux/seccomp.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -60,10 +68,17 @@
 #ifndef MOVE_MOUNT_F_EMPTY_PATH
 #define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
 #endif
+#ifndef SYS_clone3
+#define SYS_clone3 435
+#endif
+#define JAIL_CLONE_VM 0x100ULL
+#define JAIL_CLONE_VFORK 0x4000ULL
+#define JAIL_CLONE_INTO_CGROUP 0x200000000ULL
 
 #define MAX_FDS 64
 #define MAX_LIMITS 8
 #define MAX_BINDS 16
+#define MAX_CGROUPS 4
 
 /* Bridge plan (see _reach.BridgePlan): NULL-terminated path lists. */
 struct bridge {
@@ -85,7 +100,16 @@ struct launch {
     int limit_res[MAX_LIMITS];
     unsigned long long limit_val[MAX_LIMITS];
     int nlimits;
+    int cgroup_fds[MAX_CGROUPS];
+    int ncgroups;
+    int cgroup_first; /* 1: started in cgroup_fds[0]'s cgroup already */
     pid_t parent;
+};
+
+/* clone3's arguments (linux/sched.h, version 2), spelled out for old headers. */
+struct clone3_args {
+    uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid,
+        set_tid_size, cgroup;
 };
 
 static void put(const char *s) {
@@ -162,6 +186,17 @@ static __attribute__((noreturn, noinline)) void child(struct launch *l) {
             (old.sa_handler != SIG_IGN || sig == SIGPIPE || sig == SIGXFSZ))
             sigaction(sig, &dfl, NULL);
     }
+    /* Join the jail's cgroups before anything else (writing 0 moves the
+     * writer): every process the jail ever starts is then in them, whatever
+     * session it makes. First, as the fds below may land on these numbers,
+     * and before the uid change (Linux 5.16 and later check the credentials
+     * the fds were opened with, earlier kernels the writer's); a failure is
+     * reported once the item's stderr is in place. */
+    int cgroup_errno = 0;
+    for (int i = l->cgroup_first; i < l->ncgroups && cgroup_errno == 0; i++) {
+        if (write(l->cgroup_fds[i], "0", 1) != 1)
+            cgroup_errno = errno ? errno : EIO;
+    }
     /* stdin, stdout, stderr, extras: copies above the targets first, so no
      * dup2 overwrites a source; everything else closes at exec. */
     int high[MAX_FDS];
@@ -179,6 +214,10 @@ static __attribute__((noreturn, noinline)) void child(struct launch *l) {
     }
     if (syscall(SYS_close_range, (unsigned)l->nfds, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
         fail(stage);
+    if (cgroup_errno != 0) {
+        errno = cgroup_errno;
+        fail("cgroup");
+    }
     if (setsid() < 0)
         fail(stage);
     stage = "rlimits";
@@ -226,6 +265,61 @@ static __attribute__((noreturn, noinline)) void child(struct launch *l) {
     fail(stage);
     _exit(127);
 }
+
+/* vfork, but straight into a cgroup v2 (clone3 with CLONE_INTO_CGROUP).
+ *
+ * Joining a cgroup by writing to cgroup.procs takes the kernel's threadgroup
+ * lock for writing, which waits for an RCU grace period unless another
+ * migration happened within the last one: milliseconds on a busy host, with
+ * this thread suspended meanwhile. A child created in the cgroup migrates
+ * nothing. Like vfork, the child shares our memory until it execs; it runs
+ * child() on `stack` (in the caller's frame, unused by the suspended caller).
+ * glibc has no clone3 wrapper that calls a function on a new stack, hence
+ * these few instructions; elsewhere the caller falls back to vfork and a
+ * write. Returns the child's pid or -errno (nothing was created). */
+#if defined(__x86_64__)
+#define HAVE_CLONE3_VFORK 1
+static long clone3_vfork(struct clone3_args *args, struct launch *l) {
+    register long rax __asm__("rax") = SYS_clone3;
+    register struct clone3_args *rdi __asm__("rdi") = args;
+    register long rsi __asm__("rsi") = (long)sizeof *args;
+    register void (*r12)(struct launch *) __asm__("r12") = child;
+    register struct launch *r13 __asm__("r13") = l;
+    __asm__ volatile("syscall\n\t"
+                     "testq %%rax, %%rax\n\t"
+                     "jnz 1f\n\t"
+                     /* The child, on the new stack (16-byte aligned). */
+                     "xorl %%ebp, %%ebp\n\t"
+                     "movq %%r13, %%rdi\n\t"
+                     "callq *%%r12\n\t"
+                     "ud2\n\t"
+                     "1:\n\t"
+                     : "+r"(rax)
+                     : "r"(rdi), "r"(rsi), "r"(r12), "r"(r13)
+                     : "rcx", "r11", "memory", "cc");
+    return rax;
+}
+#elif defined(__aarch64__)
+#define HAVE_CLONE3_VFORK 1
+static long clone3_vfork(struct clone3_args *args, struct launch *l) {
+    register long x0 __asm__("x0") = (long)args;
+    register long x1 __asm__("x1") = (long)sizeof *args;
+    register long x8 __asm__("x8") = SYS_clone3;
+    register void (*x19)(struct launch *) __asm__("x19") = child;
+    register struct launch *x20 __asm__("x20") = l;
+    __asm__ volatile("svc #0\n\t"
+                     "cbnz x0, 1f\n\t"
+                     "mov x29, xzr\n\t"
+                     "mov x0, x20\n\t"
+                     "blr x19\n\t"
+                     "brk #0\n\t"
+                     "1:\n\t"
+                     : "+r"(x0)
+                     : "r"(x1), "r"(x8), "r"(x19), "r"(x20)
+                     : "x30", "memory", "cc");
+    return x0;
+}
+#endif
 
 /* A NULL-terminated array of the bytes objects in seq. Their buffers are
  * borrowed from *keep, a tuple of strong references that the caller holds
@@ -276,13 +370,14 @@ static PyObject *jail_spawn(PyObject *self, PyObject *args) {
     (void)self;
     struct launch l;
     memset(&l, 0, sizeof l);
-    PyObject *argv_obj, *env_obj, *fds_obj, *limits_obj, *bridge_obj = Py_None;
+    PyObject *argv_obj, *env_obj, *fds_obj, *limits_obj, *bridge_obj = Py_None, *cgroups_obj = NULL;
+    int cgroup_dir = -1;
     const char *exe, *cwd;
     const char *prog;
     Py_ssize_t prog_len;
-    if (!PyArg_ParseTuple(args, "yOOyOiy#llO|O:spawn", &exe, &argv_obj, &env_obj, &cwd, &fds_obj,
+    if (!PyArg_ParseTuple(args, "yOOyOiy#llO|OOi:spawn", &exe, &argv_obj, &env_obj, &cwd, &fds_obj,
                           &l.ruleset_fd, &prog, &prog_len, &l.uid, &l.gid, &limits_obj,
-                          &bridge_obj))
+                          &bridge_obj, &cgroups_obj, &cgroup_dir))
         return NULL;
     if (prog_len % sizeof(struct sock_filter) != 0 || prog_len / 8 > 0xffff) {
         PyErr_SetString(PyExc_ValueError, "seccomp program: a whole number of instructions");
@@ -325,6 +420,23 @@ static PyObject *jail_spawn(PyObject *self, PyObject *args) {
         }
     }
     Py_DECREF(fast);
+
+    if (cgroups_obj != NULL) {
+        fast = PySequence_Fast(cgroups_obj, "cgroups");
+        if (fast == NULL)
+            return NULL;
+        l.ncgroups = (int)PySequence_Fast_GET_SIZE(fast);
+        if (l.ncgroups > MAX_CGROUPS) {
+            Py_DECREF(fast);
+            PyErr_SetString(PyExc_ValueError, "cgroups: at most 4");
+            return NULL;
+        }
+        for (int i = 0; i < l.ncgroups; i++)
+            l.cgroup_fds[i] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+        Py_DECREF(fast);
+        if (PyErr_Occurred())
+            return NULL;
+    }
 
     struct bridge plan;
     PyObject *plan_keep[4] = {NULL, NULL, NULL, NULL};
@@ -377,15 +489,36 @@ static PyObject *jail_spawn(PyObject *self, PyObject *args) {
      * (bwrap's exec alone is a fraction of a millisecond), and the child
      * touches no Python object, only the C copies above. */
     sigset_t all, old_mask;
-    pid_t pid;
-    int saved;
+    pid_t pid = -1;
+    int saved = 0;
+#ifdef HAVE_CLONE3_VFORK
+    char stack[32768] __attribute__((aligned(16)));
+#endif
     sigfillset(&all);
     Py_BEGIN_ALLOW_THREADS
     pthread_sigmask(SIG_SETMASK, &all, &old_mask);
-    pid = vfork();
-    if (pid == 0)
-        child(&l);
-    saved = errno;
+#ifdef HAVE_CLONE3_VFORK
+    if (cgroup_dir >= 0 && l.ncgroups > 0) {
+        struct clone3_args ca;
+        memset(&ca, 0, sizeof ca);
+        ca.flags = JAIL_CLONE_VM | JAIL_CLONE_VFORK | JAIL_CLONE_INTO_CGROUP;
+        ca.exit_signal = SIGCHLD;
+        ca.stack = (uint64_t)(uintptr_t)stack;
+        ca.stack_size = sizeof stack;
+        ca.cgroup = (uint64_t)cgroup_dir;
+        l.cgroup_first = 1; /* cgroup_fds[0] is that cgroup's cgroup.procs */
+        long r = clone3_vfork(&ca, &l);
+        if (r > 0)
+            pid = (pid_t)r;
+        l.cgroup_first = 0; /* refused (old kernel, seccomp): vfork and write */
+    }
+#endif
+    if (pid < 0) {
+        pid = vfork();
+        if (pid == 0)
+            child(&l);
+        saved = errno;
+    }
     pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
     Py_END_ALLOW_THREADS
     PyMem_Free(argv);
@@ -449,9 +582,11 @@ static PyObject *jail_kill_uid(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"spawn", jail_spawn, METH_VARARGS,
-     "spawn(exe, argv, env, cwd, fds, ruleset_fd, seccomp, uid, gid, limits, bridge=None) -> pid\n\n"
-     "vfork; in the child place fds on 0.., start a session, set the rlimits,\n"
-     "make the bridge mounts, the cwd, the uid, the parent-death signal,\n"
+     "spawn(exe, argv, env, cwd, fds, ruleset_fd, seccomp, uid, gid, limits, bridge=None,\n"
+     "      cgroups=(), cgroup_dir=-1) -> pid\n\n"
+     "vfork (into the cgroup v2 directory cgroup_dir, whose cgroup.procs is cgroups[0]);\n"
+     "in the child join the other cgroups, place fds on 0.., start a session, set the\n"
+     "rlimits, make the bridge mounts, the cwd, the uid, the parent-death signal,\n"
      "Landlock and seccomp; execve."},
     {"kill_uid", jail_kill_uid, METH_VARARGS,
      "kill_uid(uid)\n\nSIGKILL every process of uid (from a child that takes it)."},

@@ -14,6 +14,8 @@ def spawn(
     gid: int,
     limits: Sequence[tuple[int, int]],
     bridge: tuple[Sequence[bytes], Sequence[bytes], Sequence[bytes], Sequence[bytes]] | None = None,
+    cgroups: Sequence[int] = (),
+    cgroup_dir: int = -1,
     /,
 ) -> int: ...
 def kill_uid(uid: int, /) -> None: ...

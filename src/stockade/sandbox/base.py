@@ -13,7 +13,7 @@ import abc
 from dataclasses import dataclass
 from typing import IO, ClassVar, Protocol
 
-from stockade.sandbox.policy import Policy
+from stockade.sandbox.policy import Policy, Resources
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,15 @@ class Running(Protocol):
     def wait(self, timeout: float | None = None) -> int | None:
         """Wait up to ``timeout`` seconds; return the exit status or ``None``.
 
-        A negative status ``-N`` means killed by signal N.
+        A negative status ``-N`` means killed by signal N. Once the main
+        process has ended, whatever it left running is SIGKILLed.
         """
         ...
 
     def kill(self, grace: float = 2.0) -> None:
-        """End the whole jail: SIGTERM to its process group, then SIGKILL after ``grace``."""
+        """End the whole jail: SIGTERM to its process group, then SIGKILL to
+        every process of it after ``grace``; returns once none is left (or,
+        for a process the kernel cannot end yet, after a bounded wait)."""
         ...
 
 
@@ -54,6 +57,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def limitations(self) -> tuple[str, ...]:
         """Human sentences naming what this backend does not isolate."""
+
+    def unapplied(self, resources: Resources) -> tuple[str, ...]:
+        """Sentences naming which of ``resources`` this backend cannot apply here."""
+        return ()
 
     @abc.abstractmethod
     def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:

@@ -3,16 +3,27 @@
 The jail sees: the host system directories read-only (``/usr`` and the
 ``/bin``, ``/lib*``, ``/sbin`` symlinks or directories as on the host), a short
 list of ``/etc`` files (never ``/etc/shadow``), a fresh ``/proc``, a minimal
-``/dev``, a private tmpfs ``/tmp`` (TMPDIR) and ``/home/stockade`` (HOME), and
-the item's ``work/`` read-write **at its host path** (the same path the
+``/dev``, the item's scratch folder as ``/tmp`` (TMPDIR), ``/home/stockade``
+(HOME) and ``/dev/shm``, and the item's ``work/`` read-write **at its host path** (the same path the
 landlock backend, which cannot remap, shows; tools printing absolute paths
 behave the same under both). Nothing else of the host exists in it: no
 ``/run``, no host ``/tmp``, no host HOME, no neighbour, no ``meta/``.
 
+Nothing writable is in memory: bubblewrap's tmpfs ``/`` and ``/dev`` are
+remounted read-only, and the three writable places are one folder on the
+item's disk scratch (bubblewrap 0.8 cannot size a tmpfs, and an unsized one
+takes up to half the host's RAM whatever ``resources.memory`` says). Where
+a memory cgroup exists, ``resources.memory`` bounds the jail's page cache
+and shared memory as well (``_lifetime``).
+
 Namespaces: user, pid, ipc, uts, cgroup, net (``--unshare-all``; ``--share-net``
-only for ``network: open``), plus ``--disable-userns``, ``--new-session``,
-``--die-with-parent``, ``--cap-drop ALL`` and the seccomp filter from
-``seccomp.build_filter`` on ``--seccomp FD``.
+only for ``network: open``), plus ``--disable-userns``, ``--die-with-parent``,
+``--cap-drop ALL`` and the seccomp filter from ``seccomp.build_filter`` on
+``--seccomp FD``. No ``--new-session``: every launcher already starts bwrap
+in a session of its own, without a controlling terminal (what that option
+protects), and bubblewrap's extra session would take the pid namespace's
+init out of the process group that ``kill`` and the watchdog end where no
+cgroup can be made.
 
 Environment values never appear on a command line: bwrap inherits the jail
 environment from its own process environment (it is not setuid, so nothing
@@ -30,8 +41,8 @@ Linux 5.14, so inside a fresh user namespace it counts only this jail's
 processes. Host root is exempt from RLIMIT_NPROC and must not be a jail's
 uid anyway, so when the engine runs as root each jail runs as a uid of its
 own (``_uids``: never a host account's, never shared with another running
-item); the item's ``work/`` is handed to that uid before start and back
-once the jail is gone. PATH lists only folders the jail can search.
+item); the item's ``work/`` and scratch are handed to that uid before
+start and back once the jail is gone. PATH lists only folders the jail can search.
 
 Standard library only, with ``stockade.sandbox`` and ``stockade.errors``.
 """
@@ -52,7 +63,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from stockade.errors import InfraError
-from stockade.sandbox import _direct, _reach, _uids, seccomp
+from stockade.sandbox import _direct, _lifetime, _reach, _uids, seccomp
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox._tmp import owned_tmpdir
 from stockade.sandbox.base import Availability, Backend, Running
@@ -60,6 +71,7 @@ from stockade.sandbox.policy import Policy, Resources
 
 JAIL_HOME = "/home/stockade"
 JAIL_TMP = "/tmp"
+JAIL_SHM = "/dev/shm"
 #: In-jail port of the relay to the host egress proxy (``network: proxy``).
 PROXY_PORT = 3128
 #: Where helper files (the relay script, the proxy socket) appear in the jail.
@@ -205,11 +217,14 @@ def bwrap_argv(
     relay_script: str | None = None,
     sources: Mapping[str, str] | None = None,
     bwrap: str = "bwrap",
+    memory_tmp: bool = False,
 ) -> list[str]:
     """The bubblewrap command line for ``policy``. Pure: no I/O, no environment values.
 
     ``sources`` replaces host source paths the jail's uid cannot reach with
     bridge paths (see ``BwrapBackend.start``); destinations never change.
+    ``memory_tmp``: the old, unbounded tmpfs ``/tmp`` and HOME and a writable
+    tmpfs root and ``/dev`` (tests' positive controls only).
     """
     remap = sources or {}
     work = str(policy.work_dir)
@@ -223,7 +238,6 @@ def bwrap_argv(
     argv += [
         "--disable-userns",
         "--die-with-parent",
-        "--new-session",
         "--cap-drop", "ALL",
         "--hostname", "stockade",
     ]  # fmt: skip
@@ -238,12 +252,14 @@ def bwrap_argv(
             argv += ["--ro-bind", e, e]
         if policy.network == "open" and layout.resolv_conf:
             argv += ["--ro-bind", layout.resolv_conf, "/etc/resolv.conf"]
-    argv += [
-        "--proc", "/proc",
-        "--dev", "/dev",
-        "--tmpfs", JAIL_TMP,
-        "--tmpfs", JAIL_HOME,
-    ]  # fmt: skip
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    if memory_tmp:
+        argv += ["--tmpfs", JAIL_TMP, "--tmpfs", JAIL_HOME]
+    else:
+        # One folder for all three: a folder more per item is an inode more
+        # on disk, and the jail cannot tell them apart anyway.
+        for dest in (JAIL_TMP, JAIL_HOME, JAIL_SHM):
+            argv += bind(str(policy.scratch_dir), dest, True)
     for m in policy.mounts:
         argv += bind(str(m.source), m.target, m.writable)
     if policy.network == "proxy":
@@ -252,6 +268,10 @@ def bwrap_argv(
         argv += bind(relay_script, f"{HELPER_DIR}/relay.py", False)
         argv += bind(str(policy.proxy_socket), f"{HELPER_DIR}/proxy.sock", False)
     argv += bind(work, work, True)
+    if not memory_tmp:
+        # Last, once every mount point exists: bubblewrap's own tmpfs root
+        # and /dev would otherwise take whatever the jail writes into them.
+        argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     argv += ["--chdir", work, "--seccomp", str(seccomp_fd), "--"]
     argv += rlimit_prefix(policy.resources, layout.prlimit)
     if policy.network == "proxy":
@@ -408,9 +428,8 @@ class BwrapBackend(Backend):
             "are visible to every step",
             "work/ appears at its host path, so the run tree's location is visible",
             "a step killed by signal N is reported as exit status 128+N",
-            "an engine killed within the first millisecond of an item's setup can leave that "
-            "item's jail running (still jailed) until it ends: bubblewrap arms its "
-            "parent-death signal only after each of its forks",
+            "/tmp, HOME and /dev/shm are one folder on the item's disk scratch: bounded by "
+            "resources.file_size per file and by the disk, not by resources.memory",
             "network: open shares the host network stack (recorded as reduced isolation)",
         )
 
@@ -454,15 +473,17 @@ class BwrapBackend(Backend):
         return self._path_filter(value, system, item, tops, uid)
 
     def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:
+        policy.scratch_dir.mkdir(parents=True, exist_ok=True)
         lease = self._ids.acquire()
         if lease is None:
-            return self._start(policy, stdout, stderr, None)
-        # A root engine's jail runs as a uid of its own; work/ is its until
-        # the jail is gone.
-        owned = (policy.work_dir,)
+            return self._start_jail(policy, stdout, stderr, None)
+        # A root engine's jail runs as a uid of its own; work/ and the
+        # scratch (its /tmp, HOME and /dev/shm) are its until the jail is gone.
+        owned = (policy.work_dir, policy.scratch_dir)
         try:
-            _uids.hand_to(policy.work_dir, lease.uid, lease.gid)
-            running = self._start(policy, stdout, stderr, lease)
+            for p in owned:
+                _uids.hand_to(p, lease.uid, lease.gid)
+            running = self._start_jail(policy, stdout, stderr, lease)
         except BaseException:
             try:
                 _uids.give_back(owned, lease)
@@ -471,9 +492,24 @@ class BwrapBackend(Backend):
             raise
         return _uids.LeasedRunning(running, lease, owned)
 
-    def _start(
+    def _start_jail(
         self, policy: Policy, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
         lease: _uids.Lease | None,
+    ) -> Running:  # fmt: skip
+        """Start bwrap in a cgroup of its own (``_lifetime``): the whole jail
+        ends with it."""
+        jail = _lifetime.get().open(memory_bytes=policy.resources.memory_bytes)
+        try:
+            return jail.adopt(
+                self._start(policy, stdout, stderr, lease, jail.join_fds, jail.join_dir)
+            )
+        except BaseException:
+            jail.discard()
+            raise
+
+    def _start(
+        self, policy: Policy, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
+        lease: _uids.Lease | None, cgroups: Sequence[int], cgroup_dir: int,
     ) -> Running:  # fmt: skip
         layout, program = self._prepare()
         user = None if lease is None else lease.uid
@@ -483,7 +519,9 @@ class BwrapBackend(Backend):
         if path is not None:
             env["PATH"] = path
         relay = RELAY_SCRIPT
-        paths = [str(policy.work_dir), *(str(m.source) for m in policy.mounts)]
+        paths = [
+            str(policy.work_dir), str(policy.scratch_dir), *(str(m.source) for m in policy.mounts)
+        ]
         if layout.etc_dir is not None and not self._etc_reachable:
             paths.append(layout.etc_dir)
         if policy.network == "proxy":
@@ -517,7 +555,10 @@ class BwrapBackend(Backend):
             fds = [fileno(stdout), fileno(stderr), *policy.pass_fds, rfd]
             if self.launcher == "direct" and not bridges:
                 try:
-                    return self._direct.spawn(self._bwrap, argv, env, fds, uid=user, gid=group)
+                    return self._direct.spawn(
+                        self._bwrap, argv, env, fds, uid=user, gid=group, cgroups=cgroups,
+                        cgroup_dir=cgroup_dir,
+                    )  # fmt: skip
                 except OSError as e:
                     raise InfraError(f"cannot start bwrap: {e}") from e
             request = {
@@ -530,8 +571,10 @@ class BwrapBackend(Backend):
                 "bridges": bridges,
                 "setpriv": self._setpriv,
                 "rlimits": {"as": None, "cpu": None, "nproc": None, "fsize": None},
+                "cgroups": len(cgroups),
             }
-            job = self._helpers.spawn(request, fds)
+            # The helper takes the cgroup fds off the end (see _forkserver).
+            job = self._helpers.spawn(request, [*fds, *cgroups])
         finally:
             os.close(rfd)
             if wfd != -1:

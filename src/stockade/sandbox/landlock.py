@@ -13,7 +13,9 @@ hooks do not see (UDP, raw, MPTCP, SCTP, TCP Fast Open, ``listen``), and
 AF_UNIX sockets unless the network is open (an agent's broker is an
 inherited, already connected socket: nothing to connect to); abstract unix
 sockets and signals are scoped to the jail (ABI >= 6). ``setsid``/``setpgid`` are refused so the
-whole jail stays in one process group that a timeout can kill.
+whole jail stays in one process group that a timeout can kill; where a
+cgroup can be made, the jail's cgroup ends it whole (``_lifetime``), and
+``resources.processes`` is also its pids controller's limit.
 
 Identity: an unprivileged engine's jail keeps its uid. A root engine's jail
 never runs as uid 0 nor as a host account: it gets a uid of its own
@@ -34,13 +36,13 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any, Literal
 
 from stockade.errors import InfraError
-from stockade.sandbox import _direct, _landlock, _reach, _uids, seccomp
+from stockade.sandbox import _direct, _landlock, _lifetime, _reach, _uids, seccomp
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox.base import Availability, Backend, Running
 from stockade.sandbox.bwrap import (
@@ -303,13 +305,13 @@ class LandlockBackend(Backend):
         # back once it is gone.
         lease = self._ids.acquire()
         if lease is None:
-            return self._start(policy, stdout, stderr, None, None)
+            return self._start_jail(policy, stdout, stderr, None, None)[0]
         owned = (policy.work_dir, policy.scratch_dir)
         try:
             for p in owned:
                 _uids.hand_to(p, lease.uid, lease.gid)
             policy, bridge = self._bridge(policy)
-            running = self._start(policy, stdout, stderr, lease, bridge)
+            running, helper = self._start_jail(policy, stdout, stderr, lease, bridge)
         except BaseException:
             try:
                 _uids.give_back(owned, lease)
@@ -317,13 +319,30 @@ class LandlockBackend(Backend):
                 lease.release()
             raise
         # The helper kills the jail's process group (which it cannot leave)
-        # when its first process ends; only a helper that died leaves
-        # processes behind.
-        return _uids.LeasedRunning(running, lease, owned, sweep=lambda: bool(running.error))
+        # when its first process ends, and the jail's cgroup (where there is
+        # one) ends the rest before the uid is swept; only a helper that
+        # died leaves processes behind.
+        return _uids.LeasedRunning(running, lease, owned, sweep=lambda: bool(helper.error))
+
+    def _start_jail(
+        self, policy: Policy, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
+        lease: _uids.Lease | None, bridge: _reach.BridgePlan | None,
+    ) -> tuple[Running, HelperRunning]:
+        """Start the jail in a cgroup of its own (``_lifetime``): the whole
+        jail, and the helper's launch, as a ``Running``."""
+        r = policy.resources
+        jail = _lifetime.get().open(memory_bytes=r.memory_bytes, processes=r.processes)
+        try:
+            helper = self._start(policy, stdout, stderr, lease, bridge, jail.join_fds, jail.join_dir)
+            return jail.adopt(helper), helper
+        except BaseException:
+            jail.discard()
+            raise
 
     def _start(
         self, policy: Policy, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
         lease: _uids.Lease | None, bridge: _reach.BridgePlan | None,
+        cgroups: Sequence[int], cgroup_dir: int,
     ) -> HelperRunning:  # fmt: skip
         assert self._layout is not None
         uid = None if lease is None else lease.uid
@@ -347,8 +366,14 @@ class LandlockBackend(Backend):
                 bridge=bridge,
                 path=self.jail_path(policy, uid),
             )
-            # The helper places the policy's fds at 3, 4, ... in the jail.
-            fds = (fileno(stdout), fileno(stderr), *policy.pass_fds)
+            request["cgroups"] = len(cgroups)
+            request["cgroup_dir"] = cgroup_dir >= 0
+            # The helper places the policy's fds at 3, 4, ... in the jail; it
+            # takes the cgroup fds (and the cgroup v2 folder) off the end.
+            fds = (
+                fileno(stdout), fileno(stderr), *policy.pass_fds, *cgroups,
+                *([cgroup_dir] if cgroup_dir >= 0 else []),
+            )  # fmt: skip
             job = self._helpers.spawn(request, fds)
         except BaseException:
             for hook in on_exit:

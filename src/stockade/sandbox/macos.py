@@ -15,6 +15,7 @@ import shutil
 import sys
 from typing import IO
 
+from stockade.sandbox import _lifetime
 from stockade.sandbox._popen import PopenJail
 from stockade.sandbox.base import Availability, Backend, Running
 from stockade.sandbox.bwrap import proxy_env, proxy_url
@@ -143,7 +144,12 @@ class SandboxExecBackend(Backend):
         env["TMPDIR"] = str(policy.scratch_dir)
         if policy.network == "proxy":
             env.update(proxy_env(proxy_url(policy, PROXY_PORT)))
-        return PopenJail(
-            sandbox_exec_argv(policy), cwd=policy.work_dir, env=env, stdout=stdout, stderr=stderr,
-            fds=policy.pass_fds,
-        )  # fmt: skip
+        jail = _lifetime.get().open()  # a process group, registered with the watchdog
+        try:
+            return jail.adopt(PopenJail(
+                sandbox_exec_argv(policy), cwd=policy.work_dir, env=env, stdout=stdout,
+                stderr=stderr, fds=policy.pass_fds,
+            ))  # fmt: skip
+        except BaseException:
+            jail.discard()
+            raise

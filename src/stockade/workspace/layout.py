@@ -10,7 +10,7 @@
         <n>.err                  attempt n's stderr (only when it wrote any)
         <n>/                     attempt n's other records, made only when needed:
                                  agent transcripts, network.jsonl, a retired work/
-    <root>/runs/<run_id>/.scratch/<step>/<item>/    HOME/TMPDIR for backends without a tmpfs
+    <root>/runs/<run_id>/.scratch/<step>/<item>/    HOME/TMPDIR (bwrap: also /tmp, /dev/shm)
 
 An attempt's provenance and the item's completion are records in the run
 store, not files: a first attempt creates four folders and one file (the
@@ -142,8 +142,8 @@ class ItemDir:
 
         Returns the attempt number (from 1). The retired tree lands in the
         previous attempt's meta folder, outside every jail. The scratch folder
-        (HOME/TMPDIR for backends without a private tmpfs) is left to the
-        backend to create, so backends that do not need it pay nothing.
+        (HOME/TMPDIR; bwrap's /tmp and /dev/shm too) is left to the backend
+        to create, so backends that do not need it pay nothing.
         """
         work = str(self.work)
         previous = self.last_attempt() if n is None else n - 1

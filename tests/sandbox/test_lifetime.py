@@ -1,0 +1,276 @@
+"""A jail ends whole: ``Running.kill`` and the end of its main process leave
+no process of it, on every backend and launcher, under every mechanism
+(cgroup v2, cgroup v1 freezer, process group). Stale cgroups of dead
+engines are swept.
+
+Jail processes are found by ``MARK=<token>`` in their environment, a token
+composed here at run time; every test first waits until they run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stockade.errors import InfraError
+from stockade.sandbox import Backend, Running, _cgroup, _direct, _lifetime
+from tests.sandbox.conftest import World, needs_c_launcher
+from tests.sandbox.lifetime_helpers import (
+    ALL_BACKENDS,
+    await_,
+    kill_marked,
+    marked,
+    pick_backend,
+    pinned_lifetime,
+)
+
+pytestmark = pytest.mark.sandbox
+
+MECHANISMS = ("cgroup2", "cgroup1", "pgroup")
+
+
+@pytest.fixture(params=ALL_BACKENDS)
+def backend(request: pytest.FixtureRequest) -> Backend:
+    """Overrides conftest's: the ``none`` backend and its helper launcher too."""
+    return pick_backend(request, request.param)
+
+
+@pytest.fixture(params=MECHANISMS)
+def lifetime(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[_lifetime.Lifetime]:
+    yield from pinned_lifetime(request.param, monkeypatch)
+
+
+def _start(world: World, script: str, marker: str) -> Running:
+    out = open(world.meta / "stdout", "wb")  # noqa: SIM115 - closed by the caller's fixture
+    world.extra_env["MARK"] = marker
+    try:
+        return world.backend.start(world.policy(["/bin/sh", "-c", script]), stdout=out, stderr=out)
+    finally:
+        out.close()
+
+
+def test_kill_leaves_no_process(world: World, lifetime: _lifetime.Lifetime) -> None:
+    # bwrap's processes, the pid namespace's init, a child of a child, and
+    # the main process: none may be left once kill() returns.
+    marker = secrets.token_hex(8)
+    running = _start(world, "sleep 1000 & sh -c 'sleep 1000; :' & sleep 1000", marker)
+    await_(lambda: len(marked(marker, "sleep")) >= 3, "the jail's three sleeps")
+    running.kill(grace=0.2)
+    assert marked(marker) == [], "kill() returned while jail processes still ran"
+    assert running.wait(5) is not None
+
+
+def test_the_end_of_the_main_process_ends_the_rest(
+    world: World, lifetime: _lifetime.Lifetime
+) -> None:
+    marker = secrets.token_hex(8)
+    running = _start(world, "sleep 1000 & sh -c 'sleep 1000; :' & sleep 0.5", marker)
+    await_(lambda: len(marked(marker, "sleep")) >= 2, "the jail's background sleeps")
+    assert running.wait(30) is not None
+    # SIGKILLed as wait() returns; gone once the kernel has torn them down.
+    await_(lambda: not marked(marker), "the rest of the jail to end", timeout=10)
+
+
+@pytest.mark.parametrize("backend", ["none", "none-helper"], indirect=True)
+@pytest.mark.parametrize("mode", ["cgroup2", "cgroup1", "off"])
+def test_a_process_that_leaves_its_session_is_ended_by_its_cgroup(
+    world: World, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Under none nothing stops setsid: only the jail's cgroup still holds the
+    # process. ``off`` is the positive control: the old path leaves it running.
+    lifetimes = pinned_lifetime(mode, monkeypatch)
+    next(lifetimes)
+    marker = secrets.token_hex(8)
+    try:
+        running = _start(world, "setsid sleep 1000 & sleep 1000", marker)
+        await_(lambda: len(marked(marker, "sleep")) >= 2, "the jail's sleeps")
+        running.kill(grace=0.2)
+        left = marked(marker)
+        if mode == "off":
+            assert left, "the positive control: the escaped sleep should have survived"
+        else:
+            assert left == []
+    finally:
+        kill_marked(marker)
+        next(lifetimes, None)
+
+
+def test_a_stale_engine_folder_is_swept(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a dead engine (and its dead watchdog) left: a folder named after
+    # a process that no longer exists, with a jail process still in it. A
+    # folder of a live engine next to it is left alone.
+    lt = _lifetime.Lifetime("cgroup2")
+    try:
+        lt.open().discard()
+    except InfraError as e:
+        pytest.skip(f"cgroup v2 is not available here: {e}")
+    finally:
+        lt.close()
+    with open("/proc/self/mountinfo") as f, open("/proc/self/cgroup") as g:
+        hs = _cgroup.find_hierarchies(f.read(), g.read())
+    pidns = os.stat("/proc/self/ns/pid").st_ino
+    start = _cgroup.process_start(os.getpid())
+    assert start is not None
+    dead = _cgroup.engine_name(pidns, os.getpid(), start + 1)  # no such process
+    alive = _cgroup.engine_name(pidns, os.getpid(), start, 999)
+    marker = secrets.token_hex(8)
+    procs = []
+    try:
+        for name in (dead, alive):
+            folder = Path(hs["v2"].own) / name
+            (folder / "jail").mkdir(parents=True)
+            p = subprocess.Popen(["sleep", "1000"], env={"MARK": marker, "PATH": "/usr/bin:/bin"})
+            (folder / "jail" / "cgroup.procs").write_text(str(p.pid))
+            procs.append(p)
+        assert _cgroup.sweep(hs, pidns) == 1
+        assert procs[0].wait(10) == -signal.SIGKILL
+        assert not (Path(hs["v2"].own) / dead).exists()
+        assert procs[1].poll() is None and (Path(hs["v2"].own) / alive).exists()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        _cgroup.remove([str(Path(hs["v2"].own) / n) for n in (dead, alive)])
+
+
+def test_the_watchdog_ends_the_jails_of_a_killed_engine(world: World, tmp_path: Path) -> None:
+    # A stand-in engine starts two jails, one sleeping in the background,
+    # and is SIGKILLed: its watchdog ends both, and removes its cgroups.
+    marker = secrets.token_hex(8)
+    b = world.backend
+    kind = type(b).__module__, type(b).__name__, getattr(b, "launcher", None)
+    code = f"""
+import importlib, sys, time
+from pathlib import Path
+from stockade.sandbox import Policy
+module, cls, launcher = {kind!r}
+backend = getattr(importlib.import_module(module), cls)(launcher=launcher)
+for i in range(2):
+    policy = Policy(argv=("/bin/sh", "-c", "sleep 1000 & sleep 1000"),
+                    work_dir=Path({str(world.work)!r}), scratch_dir=Path({str(world.base)!r}) / f"s{{i}}",
+                    env={{"PATH": "/usr/bin:/bin", "MARK": {marker!r}}})
+    backend.start(policy, stdout=sys.stderr, stderr=sys.stderr)
+print("started", flush=True)
+time.sleep(1000)
+"""
+    root = Path(__file__).resolve().parents[2]
+    engine = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(root / "src")}, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert engine.stdout is not None
+        assert engine.stdout.readline().strip() == "started"
+        await_(lambda: len(marked(marker, "sleep")) >= 4, "both jails' sleeps")
+        engine.send_signal(signal.SIGKILL)
+        engine.wait(10)
+        await_(lambda: not marked(marker), "the jails to end with their engine", timeout=10)
+    finally:
+        if engine.poll() is None:
+            engine.kill()
+            engine.wait()
+        kill_marked(marker)
+
+
+UNPRIVILEGED_ENGINE = """
+import json, sys, tempfile, time
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from stockade.sandbox import Policy, _lifetime, get_backend
+for name in ("bwrap", "landlock", "none"):
+    base = Path(tempfile.mkdtemp(dir=sys.argv[2]))
+    (base / "work").mkdir()
+    policy = Policy(argv=("/bin/sh", "-c", "sleep 1000 & sleep 1000"), work_dir=base / "work",
+                    scratch_dir=base / "scratch", env={"PATH": "/usr/bin:/bin", "MARK": sys.argv[3]})
+    get_backend(name).start(policy, stdout=sys.stderr, stderr=sys.stderr)
+print(json.dumps(_lifetime.get().report()), flush=True)
+time.sleep(1000)
+"""
+
+
+def test_an_unprivileged_engines_jails_die_with_it(tmp_path: Path) -> None:
+    # An ordinary user cannot make cgroups without delegation: process
+    # groups and the watchdog must do. (As root, the engine runs as nobody.)
+    if not os.path.exists("/usr/bin/python3") or not shutil.which("setpriv"):
+        pytest.skip("needs /usr/bin/python3 and setpriv to start an engine as nobody")
+    marker = secrets.token_hex(8)
+    scratch = Path(tempfile.mkdtemp(prefix="stockade-nonroot-"))
+    scratch.chmod(0o777)
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    src = Path(__file__).resolve().parents[2] / "src"
+    engine = subprocess.Popen(
+        [*(as_nobody if os.geteuid() == 0 else []), "/usr/bin/python3", "-I", "-c",
+         UNPRIVILEGED_ENGINE, str(src), str(scratch), marker],
+        env={"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch)},
+        cwd=scratch, stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert engine.stdout is not None
+        report = json.loads(engine.stdout.readline())
+        if os.geteuid() == 0:
+            assert report["mechanism"] == "pgroup", report  # nobody has no delegated cgroup
+        await_(lambda: len(marked(marker, "sleep")) >= 6, "three jails' sleeps")
+        engine.send_signal(signal.SIGKILL)
+        engine.wait(10)
+        await_(lambda: not marked(marker), "the jails to end with their engine", timeout=10)
+    finally:
+        if engine.poll() is None:
+            engine.kill()
+            engine.wait()
+        kill_marked(marker)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _v2_cgroup_of(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        if line.startswith("0::"):
+            return line[3:]
+    return ""
+
+
+def test_the_c_launcher_creates_a_jail_inside_its_cgroup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # clone3(CLONE_INTO_CGROUP) puts the child in cgroup_dir's cgroup without
+    # the migration a write to cgroup.procs costs; where the kernel refuses it
+    # (here: a folder that is no cgroup), the child writes cgroups[0] instead.
+    # Two different cgroups tell the two paths apart.
+    needs_c_launcher()
+    if platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip(f"clone3 into a cgroup is built for x86_64 and aarch64, not {platform.machine()}")
+    lifetimes = pinned_lifetime("cgroup2", monkeypatch)
+    lt = next(lifetimes)
+    into, written = lt.open(), lt.open()
+    launcher = _direct.LauncherThread()
+    not_a_cgroup = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with open(tmp_path / "out", "wb") as out:
+            fds = [out.fileno()] * 2
+            a = launcher.spawn("/bin/sleep", ["sleep", "30"], {}, fds,
+                               cgroups=[written.join_fds[0]], cgroup_dir=into.join_dir)  # fmt: skip
+            b = launcher.spawn("/bin/sleep", ["sleep", "30"], {}, fds,
+                               cgroups=[written.join_fds[0]], cgroup_dir=not_a_cgroup)  # fmt: skip
+        for running, group in ((a, into), (b, written)):
+            inside = _v2_cgroup_of(running.pid)
+            assert inside.count("/") == 2 and str(group.cgroup).endswith(inside), inside
+        for r in (a, b):
+            r.kill(0.1)
+    finally:
+        os.close(not_a_cgroup)
+        launcher.close()
+        into.discard()
+        written.discard()
+        next(lifetimes, None)

@@ -1,0 +1,106 @@
+"""bwrap's writable space is on disk, not in RAM: ``/tmp``, HOME and
+``/dev/shm`` are the item's disk scratch folder, bubblewrap's own tmpfs ``/``
+and ``/dev`` are read-only, ``resources.file_size`` stops a big file in each,
+and a memory cgroup bounds even a tmpfs.
+
+Positive controls run the old layout (``bwrap_argv(memory_tmp=True)``: tmpfs
+``/tmp`` and HOME, writable ``/`` and ``/dev``): without a memory cgroup,
+400 MiB land in RAM there.
+"""
+
+from __future__ import annotations
+
+import functools
+import secrets
+from collections.abc import Iterator
+
+import pytest
+
+from stockade.sandbox import Resources, _lifetime, bwrap
+from stockade.sandbox.bwrap import BwrapBackend
+from tests.sandbox.conftest import World, available_backend
+from tests.sandbox.lifetime_helpers import pinned_lifetime
+
+pytestmark = pytest.mark.sandbox
+
+MiB = 1 << 20
+#: Writes 400 MiB to $1 and reports how it went and what filesystem took it.
+BIG_WRITE = (
+    'head -c 419430400 /dev/zero > "$1"; echo "rc=$?"; '
+    'echo "fs=$(stat -f -c %T "$(dirname "$1")")"; echo "size=$(stat -c %s "$1" 2>/dev/null)"'
+)
+
+
+@pytest.fixture(params=["bwrap", "bwrap-helper"])
+def backend(request: pytest.FixtureRequest) -> BwrapBackend:
+    """Overrides conftest's: bwrap only (landlock never had a tmpfs)."""
+    b = available_backend(request, request.param)
+    assert isinstance(b, BwrapBackend)
+    return b
+
+
+@pytest.fixture
+def old_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bwrap, "bwrap_argv", functools.partial(bwrap.bwrap_argv, memory_tmp=True))
+
+
+@pytest.fixture
+def no_memory_cgroup(monkeypatch: pytest.MonkeyPatch) -> Iterator[_lifetime.Lifetime]:
+    yield from pinned_lifetime("pgroup", monkeypatch)
+
+
+def _scratch(world: World) -> list[str]:
+    scratch = world.base / "scratch"
+    return sorted(p.name for p in scratch.iterdir()) if scratch.exists() else []
+
+
+def test_tmp_home_and_shm_are_the_items_scratch(world: World) -> None:
+    token = secrets.token_hex(8)
+    r = world.run(
+        'echo "$2" > /tmp/t; cat "$HOME/t" /dev/shm/t; echo "tmpdir=$TMPDIR home=$HOME"',
+        "sh", token,
+    )
+    assert r.out.splitlines() == [token, token, "tmpdir=/tmp home=/home/stockade"], r.both
+    assert (world.base / "scratch" / "t").read_text() == f"{token}\n"
+
+
+@pytest.mark.parametrize("target", ["/tmp/big", "/dev/shm/big"])
+def test_400_mib_under_a_64m_limit_go_to_disk(world: World, target: str) -> None:
+    r = world.run(BIG_WRITE, target, resources=Resources(memory_bytes=64 * MiB), timeout=120)
+    assert "rc=" in r.out, r.both  # the jail ran
+    if "rc=0" in r.out:
+        # It went through: into the host scratch folder on disk, not a tmpfs.
+        assert "fs=tmpfs" not in r.out, r.both
+        assert (world.base / "scratch" / "big").stat().st_size == 400 * MiB
+    # else: the write failed, which bounds it as well.
+
+
+@pytest.mark.parametrize("target", ["/big", "/dev/big"])
+def test_bubblewraps_own_tmpfs_is_read_only(world: World, target: str) -> None:
+    r = world.run(BIG_WRITE, target)
+    assert "rc=" in r.out and "rc=0" not in r.out, r.both
+    assert "Read-only file system" in r.err, r.both
+
+
+@pytest.mark.parametrize("target", ["/big", "/dev/big", "/tmp/big"])
+def test_positive_control_the_old_layout_takes_400_mib_in_ram(
+    world: World, target: str, old_layout: None, no_memory_cgroup: _lifetime.Lifetime
+) -> None:
+    r = world.run(BIG_WRITE, target, resources=Resources(memory_bytes=64 * MiB), timeout=120)
+    assert "rc=0" in r.out and "fs=tmpfs" in r.out and f"size={400 * MiB}" in r.out, r.both
+    assert "big" not in _scratch(world)
+
+
+def test_a_memory_cgroup_bounds_even_a_tmpfs(world: World, old_layout: None) -> None:
+    if _lifetime.get().memory_controller() is None:
+        pytest.skip("no memory cgroup controller here")
+    r = world.run(BIG_WRITE, "/tmp/big", resources=Resources(memory_bytes=64 * MiB), timeout=120)
+    # The jail is OOM-killed or the write fails: 400 MiB never sit in RAM.
+    assert f"size={400 * MiB}" not in r.out, r.both
+
+
+@pytest.mark.parametrize("target", ["/tmp/big", "/dev/shm/big", "/home/stockade/big"])
+def test_file_size_stops_a_big_file_in_each(world: World, target: str) -> None:
+    r = world.run(BIG_WRITE, target, resources=Resources(file_size_bytes=MiB))
+    assert "rc=" in r.out and "rc=0" not in r.out, r.both
+    assert (world.base / "scratch" / "big").stat().st_size <= MiB
