@@ -9,7 +9,7 @@ import pytest
 
 from stockade.errors import UserError
 from stockade.runner.cpus import available_cpus, cgroup_quota
-from stockade.runner.engine import check_key, item_keys
+from stockade.runner.keys import check_key, item_keys
 from stockade.runner.kinds.process import limit_message, missing_outputs
 from stockade.runner.runs import parse_age, parse_item
 from stockade.runner.views import ItemView

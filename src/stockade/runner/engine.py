@@ -18,7 +18,6 @@ Must not import the CLI.
 from __future__ import annotations
 
 import random
-import re
 import threading
 import time
 from collections import deque
@@ -39,16 +38,14 @@ from stockade.runner.attempt import (
     error_message,
 )
 from stockade.runner.executor import Executor
+from stockade.runner.keys import check_key, item_keys
 from stockade.runner.kinds import is_inline, kind_of
 from stockade.runner.kinds.process import (
-    render_inputs,
     resources_of,
-    step_environment,
-    template_refs,
 )
 from stockade.runner.report import Reporter
 from stockade.runner.resume import record_lost_attempts, verified_items
-from stockade.runner.reuse import InputDigest, decide, input_digest, key_for, place, step_reuses
+from stockade.runner.reuse import Keyed, lookup, step_reuses, take
 from stockade.runner.scheduler import (
     Action,
     AttemptEnded,
@@ -70,28 +67,24 @@ from stockade.runner.scheduler import (
     Tick,
 )
 from stockade.runner.status import ITEM_BAD, AttemptStatus, ItemStatus, RunStatus, StepStatus
-from stockade.runner.views import ItemResult, ItemView, artifacts_of, step_view
+from stockade.runner.views import ItemResult, artifacts_of, step_view
 from stockade.spec import Spec
 from stockade.spec.model import Step
 from stockade.store.base import (
     ArtifactRecord,
     AttemptRecord,
     ItemRecord,
-    ReuseCandidate,
     ReuseEntry,
     add_usage,
     sum_usage,
 )
 from stockade.store.base import Event as StoreEvent
-from stockade.workspace.artifacts import Output, to_json_value
+from stockade.workspace.artifacts import to_json_value
 from stockade.workspace.layout import RunDir
 
 #: Bookkeeping of finished items is written in batches of this many, or this often.
 FLUSH_EVERY = 64
 FLUSH_SECONDS = 0.25
-#: A key a person can type in ``STEP/KEY`` (the default keys of string or number items).
-SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-MAX_KEY = 200
 
 
 @dataclass(frozen=True)
@@ -116,10 +109,8 @@ class _Item:
     #: The attempt number before this execution's first (from disk on resume).
     base: int = 0
     outcome: Outcome | None = None
-    #: Earlier items with the same reuse key (newest first), when the step reuses.
-    candidates: list[ReuseCandidate] = field(default_factory=list)
-    reuse_key: str | None = None
-    digests: list[InputDigest] = field(default_factory=list)
+    #: The item's reuse key and the earlier items that share it, when the step reuses.
+    reuse: Keyed = field(default_factory=lambda: Keyed())
     #: Agent tokens spent by this item's attempts so far.
     usage: dict[str, int] = field(default_factory=dict)
 
@@ -131,38 +122,6 @@ class _StepRun:
     results: dict[int, ItemResult] = field(default_factory=dict)
     retries: int = 0
     reused: int = 0
-
-
-def item_keys(values: list[Any], explicit: list[str] | None) -> list[str]:
-    """Keys for a step's items: rendered ``key:`` values, the values themselves, or indexes.
-
-    Without ``key:``, another step's items keep their keys (so keys survive a
-    ``keep:``), string and number elements are their own keys when all are
-    unique and path-safe, and anything else is keyed by its index.
-    """
-    if explicit is not None:
-        return explicit
-    if values and all(isinstance(v, ItemView) for v in values):
-        upstream = [v.key for v in values]
-        if len(set(upstream)) == len(upstream):
-            return upstream
-    simple = [str(v) for v in values
-              if isinstance(v, str | int | float) and not isinstance(v, bool)]
-    if len(simple) == len(values) and all(SAFE_KEY.match(k) for k in simple) \
-            and len(set(simple)) == len(simple) and not any(k.startswith("#") for k in simple):
-        return simple
-    return [str(i) for i in range(len(values))]
-
-
-def check_key(key: Any) -> str:
-    if not isinstance(key, str | int) or isinstance(key, bool):
-        raise UserError(f"key must render a string or a number, got {type(key).__name__}")
-    text = str(key)
-    if not text or len(text) > MAX_KEY or "/" in text or text.startswith("#") \
-            or any(ord(c) < 32 for c in text) or text in (".", ".."):
-        raise UserError(f"key {text!r} cannot name an item: use 1 to {MAX_KEY} characters "
-                        "without '/', control characters or a leading '#'")
-    return text
 
 
 class Engine:
@@ -357,28 +316,15 @@ class Engine:
     def _find_reusable(self, sr: _StepRun, done: set[int]) -> None:
         """Key every item that is not kept already and look the keys up in one go."""
         t0 = time.perf_counter()
-        kind = kind_of(sr.step)
-        for it in sr.items:
-            if it.index in done:
-                continue
-            attempt = self._attempt(sr.step, it, 1)
-            try:
-                values = render_inputs(attempt)
-                env = step_environment(attempt)
-                action = kind.action(attempt)
-            except ITEM_ERRORS:
-                continue  # the item runs and reports the error itself
-            it.digests = [input_digest(n, v, template_refs(sr.step.inputs[n]))
-                          for n, v in values.items()]
-            it.reuse_key = key_for(attempt, [(d.name, d.sha256) for d in it.digests], env,
-                                   action)
-        keyed = {it.reuse_key: it for it in sr.items if it.reuse_key}
-        found = self.store.reuse_candidates(list(keyed), exclude_run=self.run.run_id)
-        for key, cands in found.items():
-            keyed[key].candidates = cands
-        self._event("reuse_lookup", {"step": sr.step.id, "items": len(sr.items),
-                                     "keyed": len(keyed), "candidates": len(found),
-                                     "seconds": round(time.perf_counter() - t0, 4)})
+        todo = [(it, self._attempt(sr.step, it, 1)) for it in sr.items if it.index not in done]
+        found = lookup([a for _, a in todo], self.store, self.run.run_id)
+        for (it, _), keyed in zip(todo, found, strict=True):
+            it.reuse = keyed
+        self._event("reuse_lookup", {
+            "step": sr.step.id, "items": len(sr.items),
+            "keyed": sum(1 for k in found if k.key), "candidates": sum(1 for k in found
+                                                                        if k.candidates),
+            "seconds": round(time.perf_counter() - t0, 4)})
 
     def _values(self, step: Step) -> list[Any]:
         if step.for_each is None:
@@ -442,7 +388,7 @@ class Engine:
         attempt = self._attempt(step, it, action.try_)
         if is_inline(step):
             return self._attempt_ended(attempt, kind_of(step).run(attempt))
-        if action.try_ == 1 and it.candidates:
+        if action.try_ == 1 and it.reuse.candidates:
             reused = self._reuse(attempt, it)
             if reused is not None:
                 return self._attempt_ended(attempt, reused)
@@ -452,25 +398,14 @@ class Engine:
 
     def _reuse(self, attempt: Attempt, it: _Item) -> Outcome | None:
         """Take the item from an earlier run if one still verifies; None: it runs."""
-        chosen = decide(it.candidates)
-        it.candidates = []
-        if chosen is None:
-            return None
-        now = self.ctx.clock()
         try:
-            record = place(attempt, chosen, it.digests, now)
+            return take(attempt, it.reuse, self.ctx.clock())
         except OSError as exc:
-            self.reporter.echo(f"warning: {attempt.item}: could not reuse run "
-                               f"{chosen.run_id}'s outputs ({exc.strerror}); running it")
+            self.reporter.echo(f"warning: {attempt.item}: could not reuse an earlier run's "
+                               f"outputs ({exc.strerror}); running it")
             return None
-        origin = {"run_id": chosen.run_id, "step": chosen.step, "item": chosen.item,
-                  "attempt": chosen.attempt}
-        return Outcome(
-            AttemptStatus.SUCCEEDED, attempt.number, result=chosen.result,
-            message=f"reused from run {chosen.run_id}", started_at=now, ended_at=now,
-            outputs=[Output(o.name, o.sha256, o.size) for o in chosen.outputs],
-            reuse_key=it.reuse_key, reused_from=origin, provenance=record,
-        )
+        finally:
+            it.reuse = Keyed()
 
     def _attempt_ended(self, attempt: Attempt, outcome: Outcome) -> list[Action]:
         sr = self.steps[attempt.step.id]

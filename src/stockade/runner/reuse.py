@@ -32,14 +32,22 @@ import secrets
 import shutil
 import stat
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stockade.runner.attempt import Attempt
+from stockade.runner.attempt import ITEM_ERRORS, Attempt, Outcome
+from stockade.runner.status import AttemptStatus
 from stockade.spec.model import Step
-from stockade.store.base import ReuseCandidate
-from stockade.workspace.artifacts import Artifact, HostFile, HostTree, sha256_file, to_json_value
+from stockade.store.base import ReuseCandidate, Store
+from stockade.workspace.artifacts import (
+    Artifact,
+    HostFile,
+    HostTree,
+    Output,
+    sha256_file,
+    to_json_value,
+)
 from stockade.workspace.layout import RunDir
 from stockade.workspace.records import InputRecord, OutputRecord, Provenance, SandboxUse
 
@@ -256,3 +264,56 @@ def place(attempt: Attempt, candidate: ReuseCandidate, inputs: Sequence[InputDig
             for o in candidate.outputs),
         reused_from=origin,
     ).to_json()
+
+
+@dataclass
+class Keyed:
+    """An item's reuse key, what its inputs hash to, and the earlier items with the key."""
+
+    key: str | None = None
+    digests: list[InputDigest] = field(default_factory=list)
+    candidates: list[ReuseCandidate] = field(default_factory=list)
+
+
+def lookup(attempts: Sequence[Attempt], store: Store, run_id: str) -> list[Keyed]:
+    """Key each attempt's item (as its worker would) and find earlier items in one query.
+
+    An item whose templates fail to render gets no key: it runs and reports the error.
+    """
+    from stockade.runner.kinds import kind_of
+    from stockade.runner.kinds.process import render_inputs, step_environment, template_refs
+
+    out: list[Keyed] = []
+    for attempt in attempts:
+        step = attempt.step
+        try:
+            values = render_inputs(attempt)
+            env = step_environment(attempt)
+            action = kind_of(step).action(attempt)
+        except ITEM_ERRORS:
+            out.append(Keyed())
+            continue
+        digests = [input_digest(n, v, template_refs(step.inputs[n])) for n, v in values.items()]
+        out.append(Keyed(key_for(attempt, [(d.name, d.sha256) for d in digests], env, action),
+                         digests))
+    by_key = {k.key: k for k in out if k.key}
+    for key, cands in store.reuse_candidates(list(by_key), exclude_run=run_id).items():
+        by_key[key].candidates = cands
+    return out
+
+
+def take(attempt: Attempt, keyed: Keyed, now: float) -> Outcome | None:
+    """The item's outcome taken from the newest earlier item that still verifies, with its
+    outputs placed in this run; None when none does (the item runs)."""
+    chosen = decide(keyed.candidates)
+    if chosen is None:
+        return None
+    record = place(attempt, chosen, keyed.digests, now)
+    origin = {"run_id": chosen.run_id, "step": chosen.step, "item": chosen.item,
+              "attempt": chosen.attempt}
+    return Outcome(
+        AttemptStatus.SUCCEEDED, attempt.number, result=chosen.result,
+        message=f"reused from run {chosen.run_id}", started_at=now, ended_at=now,
+        outputs=[Output(o.name, o.sha256, o.size) for o in chosen.outputs],
+        reuse_key=keyed.key, reused_from=origin, provenance=record,
+    )
