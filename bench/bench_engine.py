@@ -1,0 +1,172 @@
+"""The engine's own cost, at 1k to 100k items (issue: performance).
+
+Measured in the same run on the same machine, each figure next to what it is
+compared with:
+
+1. engine CPU per item: the engine process's own user+system time (threads
+   included, jails excluded) for N and 2N items of a trivial command under
+   ``--sandbox none``; per item = the difference / N (target <= 0.4 ms);
+2. time to the first item: from launching ``stockade run`` to the first
+   item's command writing a timestamp (target <= 0.15 s);
+3. files and folders the engine creates per item (target <= 5): counted in
+   the run tree, minus what the step itself writes (its input and output);
+4. scale: 1k, 10k (and with ``--big``, 100k) items: wall time, time per item
+   (linear in N?), the engine's peak RSS (target <= 250 MB at 100k);
+5. on the largest run: ``stockade show`` and ``stockade runs`` answer times
+   (target <= 200 ms each) and a ``keep:`` over all its items (items per
+   second, target >= 20,000/s).
+
+Usage: ``python bench/bench_engine.py [--items 1000] [--big] [--jobs 2]``
+Trees go under ``$TMPDIR``; the disk there decides the inode costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+WRAPPER = """
+import atexit, json, os, resource, runpy, sys
+def _report():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    with open(os.environ["BENCH_RUSAGE"], "w") as f:
+        json.dump({"cpu": r.ru_utime + r.ru_stime, "user": r.ru_utime, "sys": r.ru_stime,
+                   "maxrss_mb": r.ru_maxrss / 1024}, f)
+atexit.register(_report)
+sys.argv = ["stockade", *sys.argv[1:]]
+runpy.run_module("stockade.cli.main", run_name="__main__")
+"""
+
+
+def workflow(n: int, marker: Path, keep: bool) -> str:
+    decide = """
+  - id: decide
+    needs: [fan]
+    for_each: "{{ steps.fan.items }}"
+    keep: "{{ item.result | int % 2 == 0 }}"
+""" if keep else ""
+    return f"""name: enginebench
+steps:
+  - id: gather
+    run: |
+      date +%s.%N > {marker}
+      python3 -c "import json; print(json.dumps(list(range({n}))))" > out/items.json
+  - id: fan
+    needs: [gather]
+    for_each: "{{{{ steps.gather.outputs['items.json'] | from_json }}}}"
+    inputs: {{n.txt: "{{{{ item }}}}"}}
+    run: cat n.txt
+{decide}"""
+
+
+def run(tmp: Path, n: int, jobs: int, keep: bool = False) -> dict[str, float]:
+    tmp.mkdir()
+    marker = tmp / f"first-{n}"
+    wf = tmp / f"wf-{n}.yaml"
+    wf.write_text(workflow(n, marker, keep))
+    root = tmp / f"root-{n}"
+    usage = tmp / f"rusage-{n}.json"
+    env = {**os.environ, "STOCKADE_HOME": str(root), "BENCH_RUSAGE": str(usage)}
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-c", WRAPPER, "run", str(wf), "--run-id", f"b{n}",
+                        "--sandbox", "none", "--jobs", str(jobs)],
+                       env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    wall = time.time() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"run of {n} items failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    ru = json.loads(usage.read_text())
+    out = {"n": n, "wall": wall, "cpu": ru["cpu"], "user": ru["user"], "sys": ru["sys"],
+           "maxrss_mb": ru["maxrss_mb"],
+           "first_item_s": float(marker.read_text()) - t0}
+    fan = root / "runs" / f"b{n}" / "fan"
+    created = sum(len(dirs) + len(files) for _, dirs, files in os.walk(fan))
+    # The step writes n.txt (its input) into work/: not the engine's doing.
+    out["engine_inodes_per_item"] = created / n - 1
+    if keep:
+        out["keep_items_per_s"] = keep_speed(root / "stockade.db", f"b{n}", n)
+    out["root"] = str(root)  # type: ignore[assignment]
+    return out
+
+
+def keep_speed(db: Path, run_id: str, n: int) -> float:
+    with sqlite3.connect(db) as c:
+        at = {}
+        for kind, t, data in c.execute("SELECT kind, at, data FROM events WHERE run_id=?",
+                                        (run_id,)):
+            d = json.loads(data)
+            if d.get("step") == "decide" and kind in ("step_started", "step_finished"):
+                at[kind] = t
+    span = at["step_finished"] - at["step_started"]
+    return n / span if span > 0 else float("inf")
+
+
+def answer_time(root: str, *args: str, rounds: int = 5) -> float:
+    env = {**os.environ, "STOCKADE_HOME": root}
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "stockade.cli.main", *args], env=env,
+                           capture_output=True, text=True)
+        times.append(time.perf_counter() - t0)
+        if p.returncode != 0:
+            raise SystemExit(f"stockade {' '.join(args)} failed: {p.stderr[-2000:]}")
+    return statistics.median(times)
+
+
+def startup_floor(rounds: int = 5) -> float:
+    """``stockade --version``: the interpreter and the CLI's imports alone."""
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "stockade.cli.main", "--version"],
+                       capture_output=True)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--items", type=int, default=1000)
+    ap.add_argument("--big", action="store_true", help="also 100,000 items (minutes)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--only-cpu", action="store_true", help="just the CPU and start figures")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="stockade-bench-engine-") as d:
+        tmp = Path(d)
+        n = args.items
+        small, double = run(tmp / "a", n, args.jobs), run(tmp / "b", 2 * n, args.jobs)
+        per_item = (double["cpu"] - small["cpu"]) / n * 1000
+        user = (double["user"] - small["user"]) / n * 1000
+        system = (double["sys"] - small["sys"]) / n * 1000
+        print(f"engine CPU per item: {per_item:.3f} ms = user {user:.3f} + kernel {system:.3f} "
+              f"(cpu {small['cpu']:.2f}s for {n}, {double['cpu']:.2f}s for {2 * n}; "
+              "target <= 0.4 ms)")
+        print(f"first item started: {small['first_item_s']:.3f} s after launch "
+              f"(interpreter and imports alone: {startup_floor():.3f} s; target <= 0.15 s)")
+        print(f"files and folders the engine creates per item: "
+              f"{small['engine_inodes_per_item']:.2f} (target <= 5)")
+        if args.only_cpu:
+            return
+        sizes = [1000, 10000] + ([100000] if args.big else [])
+        results = [run(tmp / f"s{s}", s, args.jobs, keep=True) for s in sizes]
+        for r in results:
+            print(f"{int(r['n']):>7} items: wall {r['wall']:8.1f}s  "
+                  f"{r['wall'] / r['n'] * 1000:6.2f} ms/item  peak RSS {r['maxrss_mb']:6.1f} MB  "
+                  f"keep {r['keep_items_per_s']:,.0f} items/s")
+        big = results[-1]
+        root = str(big["root"])
+        print(f"on {int(big['n'])} items: show {answer_time(root, 'show', 'last') * 1000:.0f} ms, "
+              f"show --json {answer_time(root, 'show', 'last', '--json') * 1000:.0f} ms, "
+              f"runs {answer_time(root, 'runs') * 1000:.0f} ms (target <= 200 ms)")
+
+
+if __name__ == "__main__":
+    main()
