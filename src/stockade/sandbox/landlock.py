@@ -267,26 +267,31 @@ class LandlockBackend(Backend):
 
     def limitations(self) -> tuple[str, ...]:
         gap = self._netns_gap()
-        if gap is None:
-            network = (
-                "network: none and open share the host's network stack (none: seccomp refuses "
-                "every socket); network: proxy items get a network namespace of their own "
-                "with only lo and the relay"
-            )
-        else:
-            network = (
-                f"network: proxy runs on the host's network stack ({gap}), where Landlock's "
-                "TCP rules name ports, not addresses: a step can open TCP to any address on "
-                "the relay's port number (a server of its own listening there bypasses the "
-                "allowlist); a root engine with CAP_SYS_ADMIN gives each such item a network "
-                "namespace of its own, and bwrap always does"
+        shared = (
+            "network: none and open share the host's network stack (none: seccomp refuses "
+            "every socket)"
+        )
+        if self.abi >= 4 and gap is None:
+            shared += (
+                "; network: proxy items get a network namespace of their own with only lo "
+                "and the relay"
             )
         lims = [
             "no mount namespace: host paths are visible by name; reads are limited to system "
             "directories, a few /etc files, /proc, work/ and a private scratch directory",
             "no pid namespace: other processes and their command lines are listed in /proc "
             "(their environment, memory, fds and root are not readable)",
-            network,
+            shared,
+        ]
+        if gap is not None:
+            lims.append(
+                f"network: proxy runs on the host's network stack ({gap}), where Landlock's "
+                "TCP rules name ports, not addresses: a step can open TCP to any address on "
+                "the relay's port number (a server of its own listening there bypasses the "
+                "allowlist); a root engine with CAP_SYS_ADMIN gives each such item a network "
+                "namespace of its own, and bwrap always does"
+            )
+        lims += [
             "RLIMIT_NPROC counts every process of the jail's uid on the host: an unprivileged "
             "engine's jails share its uid (the limit is set to the current count plus the "
             "step's share); a root engine gives each running item a uid of its own",
