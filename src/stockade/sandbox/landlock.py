@@ -321,7 +321,10 @@ class LandlockBackend(Backend):
         )
 
     def _uses_netns(self, policy: Policy) -> bool:
-        return policy.network == "proxy" and self.private_network and self._netns_gap() is None
+        return (
+            policy.network == "proxy" and self.private_network and self.abi >= 4
+            and self._netns_gap() is None
+        )  # fmt: skip
 
     def jail_path(self, policy: Policy, uid: int | None) -> str | None:
         """The jail's PATH: the policy's entries that exist in the jail (the
