@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +81,55 @@ def test_gather_fetches_through_the_allowlist_and_nothing_else(project: Project,
     assert "proxy=http://stockade:********@127.0.0.1:" in stderr, stderr
     assert "Proxy-Authorization: Basic ********" in stderr, stderr
     assert not re.search(r"stockade:[0-9a-f]{32}", stderr + log.read_text())
+
+
+def test_landlock_without_a_network_namespace_says_so(server: int) -> None:
+    """An engine that cannot make network namespaces (an ordinary user, or
+    root without CAP_SYS_ADMIN as in most containers: reproduced here with
+    ``setpriv``) runs ``network: [...]`` on the host's network stack, where
+    the allowlist binds only clients that use the proxy. It says so in
+    ``doctor`` (text and JSON), when such a step starts, and in the manifest;
+    the allowlisted request still works."""
+    from stockade.sandbox import get_backend
+
+    if not get_backend("landlock").availability().available:
+        pytest.skip("landlock is not available here")
+    # World-searchable: root without CAP_SYS_ADMIN cannot make the bridge
+    # mounts a private folder would need.
+    base = Path(tempfile.mkdtemp(prefix="stockade-nonetns-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        (base / "tmp").mkdir(mode=0o755)
+        project = Project(base / "project")
+        project.env.update(STOCKADE_SANDBOX="landlock", TMPDIR=str(base / "tmp"))
+        if os.geteuid() == 0:
+            setpriv = shutil.which("setpriv")
+            assert setpriv, "setpriv (util-linux) is needed to drop CAP_SYS_ADMIN"
+            drop = [setpriv, "--bounding-set=-sys_admin", "--inh-caps=-sys_admin"]
+            plain = project.cmd
+            project.cmd = lambda *args: [*drop, *plain(*args)]  # type: ignore[method-assign]
+        wf = project.write("wf.yaml", f"""
+            name: gap
+            steps:
+              - id: gather
+                network: ["127.0.0.1:{server}"]
+                run: curl -sf http://127.0.0.1:{server}/data.json > out/data.json
+        """)
+        doctor = project.run("doctor", "--json")
+        assert doctor.code == 0, doctor.err
+        report = doctor.json()
+        assert report["active"] == "landlock" and report["enforced"] is True, report
+        said = "network: proxy runs on the host's network stack"
+        assert any(line.startswith(said) for line in report["limitations"]), report
+        text = project.run("doctor")
+        assert said in " ".join(text.out.split()), text.out
+        r = project.run("run", str(wf), "--run-id", "g1")
+        assert r.code == 0, r.err
+        assert "gather: network: the allowlist binds only clients that use the proxy" in " ".join(
+            (r.out + r.err).split()
+        ), r.out + r.err
+        manifest = json.loads((project.root / "runs" / "g1" / "manifest.json").read_text())
+        assert any(line.startswith(said) for line in manifest["sandbox"]["limitations"])
+        assert json.loads((project.item("g1", "gather") / "work" / "out" / "data.json").read_text())
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -2,7 +2,9 @@
 
 The rest of the suite runs as root here; this file starts a small engine as
 ``nobody`` (system Python, the sandbox package is stdlib-only) and checks
-that both backends still prove enforcement and contain a fork bomb. The
+that both backends still prove enforcement and contain a fork bomb, and
+that landlock states what it cannot enforce of ``network: proxy`` without
+a network namespace of its own (``test_landlock_netns``). The
 engine imports a world-readable copy of the package: the checkout may sit
 in a folder only root can enter (a private clone, ``/root/...``).
 """
@@ -42,7 +44,9 @@ for name in ("bwrap", "landlock"):
     with open(base / "out", "wb") as f:
         b.start(pol, stdout=f, stderr=f).wait(60)
     out[name] = {"enforced": report.enforced, "uid": os.getuid(),
-                 "forked": (base / "out").read_text().strip()}
+                 "forked": (base / "out").read_text().strip(),
+                 "limitations": list(report.limitations),
+                 "network_gaps": list(b.network_gaps("proxy"))}
     b.close()
 print(json.dumps(out))
 """
@@ -76,3 +80,10 @@ def test_backends_work_for_an_unprivileged_engine() -> None:
         assert result[name]["enforced"] is True, result
         assert result[name]["uid"] == 65534
         assert int(result[name]["forked"]) < 25, result
+    assert result["bwrap"]["network_gaps"] == []
+    (gap,) = result["landlock"]["network_gaps"]
+    assert "the engine is not root" in gap and "any address on the relay's port" in gap
+    assert any(
+        line.startswith("network: proxy runs on the host's network stack (the engine is not root)")
+        for line in result["landlock"]["limitations"]
+    ), result

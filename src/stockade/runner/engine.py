@@ -41,6 +41,7 @@ from stockade.runner.executor import Executor
 from stockade.runner.keys import check_key, item_keys
 from stockade.runner.kinds import is_inline, kind_of
 from stockade.runner.kinds.process import (
+    network_mode,
     resources_of,
 )
 from stockade.runner.report import Reporter
@@ -353,9 +354,13 @@ class Engine:
         self.reporter.step_started(action.step, action.items)
         step = self.steps[action.step].step
         if step.kind in ("run", "agent"):
-            # What the backend cannot apply of the step's resources, said once per step.
+            # What the backend cannot apply of the step's resources (and of
+            # a run: step's network), said once per step.
             backend = self.ctx.backend if step.isolate else self.ctx.none_backend
-            for note in backend.unapplied(resources_of(step)):
+            notes = backend.unapplied(resources_of(step))
+            if step.kind == "run":  # an agent's jail has no network
+                notes += backend.network_gaps(network_mode(step))
+            for note in notes:
                 self.reporter.echo(f"{action.step}: {note}")
         self._event("step_started", {"step": action.step, "items": action.items})
         sr = self.steps[action.step]

@@ -8,12 +8,12 @@ stdout/stderr and any extra fds passed by ``SCM_RIGHTS``).
 * ``mode: landlock``: the helper builds the Landlock ruleset from paths it
   opens (system paths cached across items). With ``launcher: native`` the C
   extension ``_jail`` vforks and does the rest in the child; otherwise the
-  helper forks and the Python child does it: join the jail's cgroups, start
-  a session, set rlimits, make the bridge mounts (``_reach``: a private
-  mount namespace where root-only folders above the jail's paths are
-  passable), drop to the jail uid, set the parent-death signal (after the
-  uid change, which clears it), enforce Landlock, install seccomp,
-  ``execve``.
+  helper forks and the Python child does it: join the jail's cgroups and,
+  with ``netns``, its own network namespace (``_netns``), start a session,
+  set rlimits, make the bridge mounts (``_reach``: a private mount
+  namespace where root-only folders above the jail's paths are passable),
+  drop to the jail uid, set the parent-death signal (after the uid change,
+  which clears it), enforce Landlock, install seccomp, ``execve``.
 * ``mode: plain`` (bwrap, which confines itself, or the ``none`` backend's
   rlimits): ``posix_spawn`` when nothing is to be done in the child, or,
   when a uid must change, the C launcher (``setpriv`` or a forked child
@@ -21,8 +21,9 @@ stdout/stderr and any extra fds passed by ``SCM_RIGHTS``).
   root-only directories are bind-mounted onto bridge points in a private
   mount namespace by a forked child first.
 * The last fds of a request are the jail's ``cgroup.procs`` (``cgroups``:
-  how many) and, with ``cgroup_dir``, a cgroup v2 folder the C launcher
-  creates the child in (``_lifetime``); joining comes before any uid change.
+  how many), with ``cgroup_dir`` a cgroup v2 folder the C launcher
+  creates the child in (``_lifetime``), and with ``netns`` (landlock only)
+  the network namespace the child joins; joining comes before any uid change.
 
 Helpers always run as the engine's user: a helper holds every item's
 environment in its memory, so it never runs as a jail's uid.
@@ -60,6 +61,7 @@ from stockade.sandbox import _landlock, seccomp
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+CLONE_NEWNET = 0x40000000
 MAX_MSG = 1 << 20
 
 
@@ -188,7 +190,7 @@ def _resolve(argv0: str, env: dict[str, str]) -> str:
 
 def _child(
     req: dict[str, Any], prep: Prepared, fprog: seccomp.SockFprog | None, fds: list[int],
-    ruleset: int, exe: str, parent: int, cgroups: Sequence[int] = (),
+    ruleset: int, exe: str, parent: int, cgroups: Sequence[int] = (), netns: int = -1,
 ) -> None:  # fmt: skip
     """In the forked child: confine, then exec. Never returns.
 
@@ -205,7 +207,9 @@ def _child(
         # fds = [stdout, stderr, *extra]; extras land on 3, 4, ... (the
         # numbers the launch was built with), the ruleset right after them.
         keep = [*fds[2:], *([ruleset] if ruleset >= 0 else [])]
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 1024) for fd in [*fds[:2], *keep, *cgroups]]
+        # The cgroup fds and the network namespace are used (then closed) below.
+        used = [*cgroups, *([netns] if netns >= 0 else [])]
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 1024) for fd in [*fds[:2], *keep, *used]]
         os.dup2(prep.devnull, 0)
         os.dup2(high[0], 1)
         os.dup2(high[1], 2)
@@ -214,8 +218,15 @@ def _child(
         stage = "cgroup"
         # Join the jail's cgroups (writing 0 moves the writer): everything
         # the jail starts is then in them, whatever session it makes.
-        for fd in high[2 + len(keep) :]:
+        for fd in high[2 + len(keep) : 2 + len(keep) + len(cgroups)]:
             os.write(fd, b"0")
+        if netns >= 0:
+            # Before the fds above are closed, and before the uid change
+            # (joining needs CAP_SYS_ADMIN): only lo and the engine's relay.
+            stage = "network namespace"
+            if libc.setns(high[-1], CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err))
         stage = "setup"
         os.closerange(3 + len(keep), 65536)
         ruleset_fd = 2 + len(keep) if ruleset >= 0 else -1
@@ -293,7 +304,11 @@ class Server:
         # rights, so the child only enforces it; the helper does not wait for
         # the child's exec, so items set up in parallel.
         # The last ``cgroups`` fds are the jail's cgroup.procs, and after them
-        # with ``cgroup_dir`` the first one's folder (see ``_lifetime``).
+        # with ``cgroup_dir`` the first one's folder (see ``_lifetime``),
+        # with ``netns`` the jail's network namespace last.
+        netns = -1
+        if req.get("netns") and fds:
+            fds, netns = fds[:-1], fds[-1]
         cgroup_dir = -1
         if req.get("cgroup_dir") and fds:
             fds, cgroup_dir = fds[:-1], fds[-1]
@@ -330,15 +345,16 @@ class Server:
             return
         try:
             if req.get("launcher") == "native":
-                self._vfork(req, fds, ruleset, cgroups, cgroup_dir)
+                self._vfork(req, fds, ruleset, cgroups, cgroup_dir, netns)
             else:
-                self._fork(req, fds, ruleset, self.prep.seccomp(req["seccomp"]), cgroups)
+                fprog = self.prep.seccomp(req["seccomp"])
+                self._fork(req, fds, ruleset, fprog, cgroups, netns)
         finally:
             os.close(ruleset)
 
     def _vfork(
         self, req: dict[str, Any], fds: list[int], ruleset: int, cgroups: Sequence[int],
-        cgroup_dir: int = -1,
+        cgroup_dir: int = -1, netns: int = -1,
     ) -> None:  # fmt: skip
         """Confine and exec in C (``_jail``): no Python fork, no second exec."""
         from stockade.sandbox import _jail
@@ -366,6 +382,7 @@ class Server:
                 bridge,
                 list(cgroups),
                 cgroup_dir,
+                netns,
             )
         except (OSError, ValueError) as e:
             self.failed(req, fds, "spawn", e if isinstance(e, OSError) else OSError(str(e)))
@@ -405,7 +422,7 @@ class Server:
 
     def _fork(
         self, req: dict[str, Any], fds: list[int], ruleset: int, fprog: seccomp.SockFprog | None,
-        cgroups: Sequence[int] = (),
+        cgroups: Sequence[int] = (), netns: int = -1,
     ) -> None:  # fmt: skip
         exe = _resolve(req["argv"][0], req["env"])
         parent = os.getpid()
@@ -415,7 +432,7 @@ class Server:
             self.failed(req, fds, "fork", e)
             return
         if pid == 0:
-            _child(req, self.prep, fprog, fds, ruleset, exe, parent, cgroups)
+            _child(req, self.prep, fprog, fds, ruleset, exe, parent, cgroups, netns)
         self.started(req["id"], pid)
 
     def reap(self) -> None:

@@ -3,8 +3,9 @@
  * The vfork creates the child straight in the jail's cgroup v2 where it can
  * (clone3 with CLONE_INTO_CGROUP, see clone3_vfork); the child joins any
  * other cgroup it is given first thing (see _lifetime.py). Everything that
- * needs the engine's privileges (the bridge mounts of _reach.py, and on
- * kernels before 5.16 the cgroup writes) comes before the switch to the
+ * needs the engine's privileges (the bridge mounts of _reach.py, joining a
+ * landlock jail's own network namespace (_netns.py), and on kernels before
+ * 5.16 the cgroup writes) comes before the switch to the
  * jail's uid; the parent-death signal comes after it (a uid change clears it).
  *
  * For landlock, the exec helper (_forkserver.py) builds the Landlock ruleset
@@ -103,6 +104,7 @@ struct launch {
     int cgroup_fds[MAX_CGROUPS];
     int ncgroups;
     int cgroup_first; /* 1: started in cgroup_fds[0]'s cgroup already */
+    int netns_fd;     /* a network namespace to join before the uid change, or -1 */
     pid_t parent;
 };
 
@@ -200,8 +202,10 @@ static __attribute__((noreturn, noinline)) void child(struct launch *l) {
     /* stdin, stdout, stderr, extras: copies above the targets first, so no
      * dup2 overwrites a source; everything else closes at exec. */
     int high[MAX_FDS];
-    int ruleset = -1;
+    int ruleset = -1, netns = -1;
     if (l->ruleset_fd >= 0 && (ruleset = fcntl(l->ruleset_fd, F_DUPFD_CLOEXEC, 1024)) < 0)
+        _exit(127);
+    if (l->netns_fd >= 0 && (netns = fcntl(l->netns_fd, F_DUPFD_CLOEXEC, 1024)) < 0)
         _exit(127);
     for (int i = 0; i < l->nfds; i++) {
         high[i] = fcntl(l->fds[i], F_DUPFD_CLOEXEC, 1024);
@@ -230,6 +234,14 @@ static __attribute__((noreturn, noinline)) void child(struct launch *l) {
         stage = "bridge mounts";
         if (bridge(l->bridge) != 0)
             fail(stage);
+    }
+    if (netns >= 0) {
+        /* The item's own network namespace (only lo and the engine's relay,
+         * see _netns.py): joining needs CAP_SYS_ADMIN, so before the uid. */
+        stage = "network namespace";
+        if (setns(netns, CLONE_NEWNET) != 0)
+            fail(stage);
+        close(netns);
     }
     stage = "chdir";
     if (chdir(l->cwd) != 0)
@@ -372,12 +384,13 @@ static PyObject *jail_spawn(PyObject *self, PyObject *args) {
     memset(&l, 0, sizeof l);
     PyObject *argv_obj, *env_obj, *fds_obj, *limits_obj, *bridge_obj = Py_None, *cgroups_obj = NULL;
     int cgroup_dir = -1;
+    l.netns_fd = -1;
     const char *exe, *cwd;
     const char *prog;
     Py_ssize_t prog_len;
-    if (!PyArg_ParseTuple(args, "yOOyOiy#llO|OOi:spawn", &exe, &argv_obj, &env_obj, &cwd, &fds_obj,
-                          &l.ruleset_fd, &prog, &prog_len, &l.uid, &l.gid, &limits_obj,
-                          &bridge_obj, &cgroups_obj, &cgroup_dir))
+    if (!PyArg_ParseTuple(args, "yOOyOiy#llO|OOii:spawn", &exe, &argv_obj, &env_obj, &cwd,
+                          &fds_obj, &l.ruleset_fd, &prog, &prog_len, &l.uid, &l.gid, &limits_obj,
+                          &bridge_obj, &cgroups_obj, &cgroup_dir, &l.netns_fd))
         return NULL;
     if (prog_len % sizeof(struct sock_filter) != 0 || prog_len / 8 > 0xffff) {
         PyErr_SetString(PyExc_ValueError, "seccomp program: a whole number of instructions");
@@ -583,11 +596,11 @@ static PyObject *jail_kill_uid(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"spawn", jail_spawn, METH_VARARGS,
      "spawn(exe, argv, env, cwd, fds, ruleset_fd, seccomp, uid, gid, limits, bridge=None,\n"
-     "      cgroups=(), cgroup_dir=-1) -> pid\n\n"
+     "      cgroups=(), cgroup_dir=-1, netns=-1) -> pid\n\n"
      "vfork (into the cgroup v2 directory cgroup_dir, whose cgroup.procs is cgroups[0]);\n"
      "in the child join the other cgroups, place fds on 0.., start a session, set the\n"
-     "rlimits, make the bridge mounts, the cwd, the uid, the parent-death signal,\n"
-     "Landlock and seccomp; execve."},
+     "rlimits, make the bridge mounts, join the network namespace netns, the cwd, the\n"
+     "uid, the parent-death signal, Landlock and seccomp; execve."},
     {"kill_uid", jail_kill_uid, METH_VARARGS,
      "kill_uid(uid)\n\nSIGKILL every process of uid (from a child that takes it)."},
     {NULL, NULL, 0, NULL},

@@ -16,6 +16,7 @@ def spawn(
     bridge: tuple[Sequence[bytes], Sequence[bytes], Sequence[bytes], Sequence[bytes]] | None = None,
     cgroups: Sequence[int] = (),
     cgroup_dir: int = -1,
+    netns: int = -1,
     /,
 ) -> int: ...
 def kill_uid(uid: int, /) -> None: ...

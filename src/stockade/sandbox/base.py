@@ -13,7 +13,7 @@ import abc
 from dataclasses import dataclass
 from typing import IO, ClassVar, Protocol
 
-from stockade.sandbox.policy import Policy, Resources
+from stockade.sandbox.policy import NetworkMode, Policy, Resources
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,11 @@ class Backend(abc.ABC):
 
     def unapplied(self, resources: Resources) -> tuple[str, ...]:
         """Sentences naming which of ``resources`` this backend cannot apply here."""
+        return ()
+
+    def network_gaps(self, network: NetworkMode) -> tuple[str, ...]:
+        """Sentences naming what of a step's ``network`` this backend cannot
+        enforce here (the engine prints them when such a step starts)."""
         return ()
 
     @abc.abstractmethod

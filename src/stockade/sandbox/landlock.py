@@ -12,7 +12,11 @@ entirely with ``network: none``, and with ``proxy`` everything Landlock's TCP
 hooks do not see (UDP, raw, MPTCP, SCTP, TCP Fast Open, ``listen``), and
 AF_UNIX sockets unless the network is open (an agent's broker is an
 inherited, already connected socket: nothing to connect to); abstract unix
-sockets and signals are scoped to the jail (ABI >= 6). ``setsid``/``setpgid`` are refused so the
+sockets and signals are scoped to the jail (ABI >= 6). Landlock's TCP rules
+name ports, not addresses, so a root engine gives each ``network: proxy``
+jail a network namespace of its own with only ``lo`` and the relay in it
+(``_netns``); an engine that cannot make one says so (``limitations``,
+``network_gaps``). ``setsid``/``setpgid`` are refused so the
 whole jail stays in one process group that a timeout can kill; where a
 cgroup can be made, the jail's cgroup ends it whole (``_lifetime``), and
 ``resources.processes`` is also its pids controller's limit.
@@ -42,7 +46,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 from stockade.errors import InfraError
-from stockade.sandbox import _direct, _landlock, _lifetime, _reach, _uids, seccomp
+from stockade.sandbox import _direct, _landlock, _lifetime, _netns, _reach, _uids, seccomp
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox.base import Availability, Backend, Running
 from stockade.sandbox.bwrap import (
@@ -53,7 +57,7 @@ from stockade.sandbox.bwrap import (
     proxy_url,
     scan_host,
 )
-from stockade.sandbox.policy import Policy
+from stockade.sandbox.policy import NetworkMode, Policy
 
 #: Device files a jail may read and write; random sources it may read.
 DEV_RW: tuple[str, ...] = ("/dev/null", "/dev/zero", "/dev/full")
@@ -169,19 +173,22 @@ def choose_launcher(env: Mapping[str, str]) -> Launcher:
 
 
 class LoopbackRelay:
-    """Host side for landlock ``network: proxy``: 127.0.0.1:PORT -> the proxy socket.
+    """Engine side for landlock ``network: proxy``: 127.0.0.1:PORT -> the proxy socket.
 
-    Every local user can connect to the port; the proxy behind it answers
-    only requests that carry the item's credential (``EgressProxy.token``).
+    ``listener``: one made in the jail's own network namespace
+    (``_netns.create``); without it the relay listens on the host's loopback,
+    where every local user can connect to the port. Either way the proxy
+    behind it answers only requests that carry the item's credential
+    (``EgressProxy.token``).
     """
 
-    def __init__(self, target: Path) -> None:
+    def __init__(self, target: Path, listener: socket.socket | None = None) -> None:
         # Connect through an fd opened now: the socket may sit in a directory
         # the jail can write, and a name swapped for a symlink must not
         # redirect the engine to another socket.
         self._target_fd = os.open(target, os.O_PATH | os.O_CLOEXEC)
         self._target = f"/proc/self/fd/{self._target_fd}"
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener = listener or socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -214,6 +221,10 @@ class LandlockBackend(Backend):
         self._launcher = launcher
         self._ids = _uids.JailIds()
         self._path_filter = _reach.PathFilter()
+        #: Test-only: False runs ``network: proxy`` on the host's network
+        #: stack even where a namespace of its own could be made (the
+        #: positive control of the escape tests).
+        self.private_network = True
 
     @property
     def launcher(self) -> Launcher:
@@ -248,17 +259,39 @@ class LandlockBackend(Backend):
             )
         return Availability(True, f"Landlock ABI {self.abi}, C launcher")
 
+    def _netns_gap(self) -> str | None:
+        """Why ``network: proxy`` jails share the host's network stack here, or None."""
+        if self.abi < 4:
+            return None  # network: proxy is refused outright
+        return _netns.unavailable()
+
     def limitations(self) -> tuple[str, ...]:
+        gap = self._netns_gap()
+        shared = (
+            "network: none and open share the host's network stack (none: seccomp refuses "
+            "every socket)"
+        )
+        if self.abi >= 4 and gap is None:
+            shared += (
+                "; network: proxy items get a network namespace of their own with only lo "
+                "and the relay"
+            )
         lims = [
             "no mount namespace: host paths are visible by name; reads are limited to system "
             "directories, a few /etc files, /proc, work/ and a private scratch directory",
             "no pid namespace: other processes and their command lines are listed in /proc "
             "(their environment, memory, fds and root are not readable)",
-            "no network namespace: the host's network stack is shared; TCP is filtered by "
-            "Landlock and other sockets by seccomp",
-            "network: proxy: Landlock's rules name ports, not addresses, so a step can open TCP "
-            "to any address on the relay's port number (a server of its own listening there "
-            "bypasses the allowlist); bwrap has no such gap",
+            shared,
+        ]
+        if gap is not None:
+            lims.append(
+                f"network: proxy runs on the host's network stack ({gap}), where Landlock's "
+                "TCP rules name ports, not addresses: a step can open TCP to any address on "
+                "the relay's port number (a server of its own listening there bypasses the "
+                "allowlist); a root engine with CAP_SYS_ADMIN gives each such item a network "
+                "namespace of its own, and bwrap always does"
+            )
+        lims += [
             "RLIMIT_NPROC counts every process of the jail's uid on the host: an unprivileged "
             "engine's jails share its uid (the limit is set to the current count plus the "
             "step's share); a root engine gives each running item a uid of its own",
@@ -275,6 +308,23 @@ class LandlockBackend(Backend):
                 "are not scoped"
             )
         return tuple(lims)
+
+    def network_gaps(self, network: NetworkMode) -> tuple[str, ...]:
+        gap = self._netns_gap() if network == "proxy" else None
+        if gap is None:
+            return ()
+        return (
+            "network: the allowlist binds only clients that use the proxy: landlock runs "
+            f"this step on the host's network stack ({gap}), where it can open TCP to any "
+            "address on the relay's port number; a root engine with CAP_SYS_ADMIN, or "
+            "bwrap, enforces it",
+        )
+
+    def _uses_netns(self, policy: Policy) -> bool:
+        return (
+            policy.network == "proxy" and self.private_network and self.abi >= 4
+            and self._netns_gap() is None
+        )  # fmt: skip
 
     def jail_path(self, policy: Policy, uid: int | None) -> str | None:
         """The jail's PATH: the policy's entries that exist in the jail (the
@@ -348,10 +398,26 @@ class LandlockBackend(Backend):
         uid = None if lease is None else lease.uid
         on_exit: list[Any] = []
         relay_port = None
+        net: _netns.PrivateNet | None = None
         if policy.network == "proxy":
             if policy.proxy_socket is None:
                 raise InfraError("network: proxy needs policy.proxy_socket")
-            relay = LoopbackRelay(policy.proxy_socket)
+            if self._uses_netns(policy):
+                # The jail's own network namespace: only lo, the relay on it.
+                try:
+                    net = _netns.create()
+                except OSError as e:
+                    raise InfraError(
+                        f"network: proxy: cannot create the item's network namespace: "
+                        f"{e.strerror or e}"
+                    ) from e
+            try:
+                relay = LoopbackRelay(policy.proxy_socket, net.listener if net else None)
+            except BaseException:
+                if net is not None:
+                    net.listener.close()
+                    net.close()
+                raise
             on_exit.append(relay.close)
             relay_port = relay.port
         try:  # a refused request must not leave the relay listening
@@ -368,17 +434,22 @@ class LandlockBackend(Backend):
             )
             request["cgroups"] = len(cgroups)
             request["cgroup_dir"] = cgroup_dir >= 0
+            request["netns"] = net is not None
             # The helper places the policy's fds at 3, 4, ... in the jail; it
-            # takes the cgroup fds (and the cgroup v2 folder) off the end.
+            # takes the cgroup fds (and the cgroup v2 folder, and the network
+            # namespace) off the end.
             fds = (
                 fileno(stdout), fileno(stderr), *policy.pass_fds, *cgroups,
-                *([cgroup_dir] if cgroup_dir >= 0 else []),
+                *([cgroup_dir] if cgroup_dir >= 0 else []), *([net.fd] if net else []),
             )  # fmt: skip
             job = self._helpers.spawn(request, fds)
         except BaseException:
             for hook in on_exit:
                 hook()
             raise
+        finally:
+            if net is not None:
+                net.close()  # the helper holds its own copy now
         return HelperRunning(job, on_exit)
 
     def _bridge(self, policy: Policy) -> tuple[Policy, _reach.BridgePlan | None]:

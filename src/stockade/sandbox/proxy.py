@@ -2,8 +2,9 @@
 
 It runs on the host (threads in the engine process) and listens on a unix
 socket that backends expose in the jail (bwrap through an in-jail relay on
-127.0.0.1; landlock through a host loopback relay whose port is the only one
-the jail may connect to). Every allowed and refused connection is one JSON
+127.0.0.1; landlock through an engine relay on 127.0.0.1 of the jail's own
+network namespace, or of the host where none can be made, whose port is the
+only one the jail may connect to). Every allowed and refused connection is one JSON
 line in ``log_path``.
 
 Only its own item may use it: every request must carry the proxy's random
