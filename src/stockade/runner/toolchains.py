@@ -66,8 +66,9 @@ class Toolchain:
         return bool(self.mounts or self.image)
 
     def bins(self) -> list[str]:
-        """The declared mounts' ``bin/`` folders, in PATH order."""
-        return [f"{m.declared}/bin" for m in self.mounts
+        """The declared mounts' ``bin/`` folders (by their resolved paths, which
+        every backend shows), in PATH order."""
+        return [f"{m.path}/bin" for m in self.mounts
                 if m.implied_by is None and os.path.isdir(f"{m.path}/bin")]
 
     def path_for(self, path: str) -> str:

@@ -247,7 +247,10 @@ class Tree:
     def finish(self) -> None:
         """Give every folder its final mode: 0755 (the jail reads, never writes)."""
         for rel in sorted(self.folders):
-            fd = self._folder(rel.split("/"), rel, create=False)
+            try:
+                fd = self._folder(rel.split("/"), rel, create=False)
+            except LayerRefused:
+                continue  # replaced by a file or a link in a later layer
             if fd is not None:
                 os.fchmod(fd, 0o755)
                 os.close(fd)

@@ -488,6 +488,9 @@ class BwrapBackend(Backend):
             "/tmp, HOME and /dev/shm are one folder on the item's disk scratch: bounded by "
             "resources.file_size per file and by the disk, not by resources.memory",
             "network: open shares the host network stack (recorded as reduced isolation)",
+            "an image: step cannot use network: [hosts] (the relay runs the host's python3); "
+            "its resources are rlimits the launcher sets on bwrap, and processes needs a pids "
+            "cgroup unless the engine runs as root",
         )
 
     def _prepare(self) -> tuple[HostLayout, bytes]:

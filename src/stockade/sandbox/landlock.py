@@ -272,6 +272,7 @@ class LandlockBackend(Backend):
             "engine's jails share its uid (the limit is set to the current count plus the "
             "step's share); a root engine gives each running item a uid of its own",
             "/dev/stdout and /dev/stderr can be reopened only when they are files",
+            "no other root filesystem: a step with image: is refused when the run starts",
         ]
         if self.abi < 4:
             lims.append(
