@@ -236,3 +236,19 @@ def test_a_changed_image_reruns_its_step_with_reuse(project: Project) -> None:
     assert "motd" in project.run("logs", "g3", "s").out
     assert manifest(project, "g3")["toolchains"]["s"]["image"]["digest"] == second
     assert sorted(os.listdir(project.root / "images")) == sorted([first[7:], second[7:]])
+
+
+def test_resume_after_a_toolchain_changed_points_to_reuse(project: Project) -> None:
+    conda = conda_like(project.path / "conda", "v1")
+    wf = project.write("wf.yaml", """
+        name: rs
+        steps:
+          - id: a
+            mounts: [conda]
+            run: test -e flag || { touch flag; exit 3; }
+    """)
+    assert project.run("run", str(wf), "--run-id", "r1").code == 1
+    (conda / "bin" / "new-tool").write_text("#!/bin/sh\n")
+    r = project.run("resume", "r1")
+    assert r.code == 2
+    assert f"a: mounts {conda} changed since run r1 started" in r.err and "--reuse" in r.err
