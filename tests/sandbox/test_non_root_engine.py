@@ -87,3 +87,134 @@ def test_backends_work_for_an_unprivileged_engine() -> None:
         line.startswith("network: proxy runs on the host's network stack (the engine is not root)")
         for line in result["landlock"]["limitations"]
     ), result
+
+
+SHARED_SCRIPT = """
+import hashlib, json, os, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from stockade.sandbox import ExtraMount, Policy, get_backend
+from stockade.workspace.artifacts import Artifact, materialise
+out = {}
+data = os.urandom(2 << 20)
+digest = hashlib.sha256(data).hexdigest()
+for name in ("bwrap", "landlock"):
+    b = get_backend(name)
+    base = Path(tempfile.mkdtemp(dir=sys.argv[2]))
+    (base / "work").mkdir(); (base / "scratch").mkdir()
+    src = base / "producer" / "big.bin"
+    src.parent.mkdir()
+    src.write_bytes(data)
+    tool = base / "tool"
+    (tool / "bin").mkdir(parents=True)
+    (tool / "bin" / "mytool").write_text("#!/bin/sh\\necho tool-ran\\n")
+    (tool / "bin" / "mytool").chmod(0o755)
+    art = Artifact("r", "make", 0, 1, "big.bin", digest, len(data), src)
+    m = materialise(base / "work", "big.bin", art, "r", sharing=b.input_sharing())
+    shared = (ExtraMount(m.bind_source, str(base / "work" / "big.bin")),) if m.bind_source else ()
+    script = ("mytool; sha256sum big.bin; chmod 666 big.bin; echo x >> big.bin; "
+              "echo append=$?; touch $1/bin/planted; echo plant=$?")
+    pol = Policy(argv=("/bin/sh", "-c", script, "sh", str(tool)), work_dir=base / "work",
+                 scratch_dir=base / "scratch", env={"PATH": f"{tool}/bin:/usr/bin:/bin"},
+                 mounts=(ExtraMount(tool, str(tool)),), shared_inputs=shared)
+    with open(base / "out", "wb") as f:
+        b.start(pol, stdout=f, stderr=f).wait(60)
+    out[name] = {"sharing": b.input_sharing(), "shared": m.source.get("shared", "copy"),
+                 "out": (base / "out").read_text(),
+                 "intact": hashlib.sha256(src.read_bytes()).hexdigest() == digest,
+                 "planted": (tool / "bin" / "planted").exists()}
+    b.close()
+print(json.dumps(out))
+"""
+
+
+def test_toolchains_and_shared_inputs_for_an_unprivileged_engine() -> None:
+    """bwrap binds a large input read-only; landlock (the jail keeps the
+    engine's uid, which owns the artifact) copies it. Neither jail changes
+    the artifact or the mounted toolchain."""
+    if not os.path.exists("/usr/bin/python3") or not shutil.which("setpriv"):
+        pytest.skip("needs /usr/bin/python3 and setpriv to start an engine as nobody")
+    scratch = Path(tempfile.mkdtemp(prefix="stockade-nonroot-"))
+    scratch.chmod(0o777)
+    src = Path(tempfile.mkdtemp(prefix="stockade-nonroot-src-"))
+    try:
+        shutil.copytree(SRC / "stockade", src / "stockade",
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+        for folder, _dirs, files in os.walk(src):
+            os.chmod(folder, 0o755)
+            for f in files:
+                os.chmod(os.path.join(folder, f), 0o755 if f.endswith(".so") else 0o644)
+        p = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             "/usr/bin/python3", "-I", "-c", SHARED_SCRIPT, str(src), str(scratch)],
+            env={"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch)},
+            cwd=scratch, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(src, ignore_errors=True)
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout.splitlines()[-1])
+    assert (result["bwrap"]["sharing"], result["bwrap"]["shared"]) == ("bind", "bind")
+    assert result["landlock"]["sharing"] == "copy"
+    for name in ("bwrap", "landlock"):
+        r = result[name]
+        assert "tool-ran" in r["out"], r  # the jail ran, with the mount on PATH
+        assert r["intact"] and not r["planted"], r
+        assert "plant=0" not in r["out"], r
+    assert "append=0" not in result["bwrap"]["out"]
+
+
+IMAGE_SCRIPT = """
+import json, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from stockade.sandbox import Policy, Resources, get_backend
+b = get_backend("bwrap")
+base = Path(tempfile.mkdtemp(dir=sys.argv[2]))
+(base / "work").mkdir(); (base / "scratch").mkdir()
+pol = Policy(argv=("/bin/sh", "-c", "cat /etc/passwd; ulimit -v; id -u; touch /bin/x; echo t=$?"),
+             work_dir=base / "work", scratch_dir=base / "scratch", env={"PATH": "/bin"},
+             image_root=Path(sys.argv[3]), resources=Resources(memory_bytes=128 << 20))
+with open(base / "out", "wb") as f:
+    status = b.start(pol, stdout=f, stderr=f).wait(60)
+print(json.dumps({"status": status, "out": (base / "out").read_text()}))
+b.close()
+"""
+
+
+def test_an_image_root_for_an_unprivileged_engine() -> None:
+    from tests.images import busybox_rootfs
+
+    if not os.path.exists("/usr/bin/python3") or not shutil.which("setpriv"):
+        pytest.skip("needs /usr/bin/python3 and setpriv to start an engine as nobody")
+    scratch = Path(tempfile.mkdtemp(prefix="stockade-nonroot-"))
+    scratch.chmod(0o777)
+    src = Path(tempfile.mkdtemp(prefix="stockade-nonroot-src-"))
+    try:
+        rootfs = busybox_rootfs(scratch / "rootfs", applets=["cat", "id", "touch"])
+        (rootfs / "etc" / "passwd").write_text("image-passwd:x:0:0::/:/bin/sh\n")
+        for folder, _dirs, _files in os.walk(scratch):
+            os.chmod(folder, 0o755)
+        shutil.copytree(SRC / "stockade", src / "stockade",
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+        for folder, _dirs, files in os.walk(src):
+            os.chmod(folder, 0o755)
+            for f in files:
+                os.chmod(os.path.join(folder, f), 0o755 if f.endswith(".so") else 0o644)
+        scratch.chmod(0o777)
+        p = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             "/usr/bin/python3", "-I", "-c", IMAGE_SCRIPT, str(src), str(scratch), str(rootfs)],
+            env={"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch)},
+            cwd=scratch, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(src, ignore_errors=True)
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout.splitlines()[-1])
+    assert result["status"] == 0, result
+    lines = result["out"].splitlines()
+    assert lines[:3] == ["image-passwd:x:0:0::/:/bin/sh", "131072", "65534"], result
+    assert "t=0" not in result["out"]

@@ -23,6 +23,7 @@ from stockade.expr import RenderError
 from stockade.runner.captures import Captures
 from stockade.runner.env import Masker
 from stockade.runner.status import AttemptStatus
+from stockade.runner.toolchains import Toolchain
 from stockade.sandbox.base import Backend, Running
 from stockade.spec.model import Step
 from stockade.store.base import Store
@@ -125,6 +126,8 @@ class RunContext:
     captures: Captures
     #: ``locate(step_id, path)`` -> "FILE:LINE:COL" of a field of a step.
     locate: Callable[[str, tuple[str | int, ...]], str] = lambda step, path: step
+    #: Each ``run:`` step's mounts and image on this machine (``runner.toolchains``).
+    toolchains: Mapping[str, Toolchain] = field(default_factory=dict)
 
     @property
     def cancelled(self) -> bool:

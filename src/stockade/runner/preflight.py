@@ -4,7 +4,8 @@
 problem is a ``FILE:LINE:COL`` ``Problem`` and they are reported together,
 with exit 2, before any run folder exists. What it checks beyond the pure
 spec checks: the host paths ``file()``/``tree()`` name (they must exist and
-be a file or a folder) and, for a run only, the declared secrets and what
+be a file or a folder), the ``mounts:`` and ``image:`` paths (they must
+exist) and, for a run only, the declared secrets and what
 each agent step's provider and ``endpoint:`` need from the engine's
 environment (a key or base URL; Azure's resource URL and key; the variable
 ``endpoint.api_key_env`` names).
@@ -41,6 +42,15 @@ def preflight(spec: Spec, base: Path, env: Mapping[str, str] | None) -> list[Pro
             why = _host_path_problem(base, rel, want_dir=True)
             if why:
                 add(path, f"tree({rel!r}): {why}")
+    for j, mount in enumerate(spec.workflow.mounts):
+        if (why := _toolchain_problem(base, mount)) is not None:
+            add(("mounts", j), f"mounts: {mount}: {why}")
+    for i, step in enumerate(spec.workflow.steps):
+        for j, mount in enumerate(step.mounts):
+            if (why := _toolchain_problem(base, mount)) is not None:
+                add(("steps", i, "mounts", j), f"mounts: {mount}: {why}")
+        if step.image is not None and (why := _toolchain_problem(base, step.image)) is not None:
+            add(("steps", i, "image"), f"image: {step.image}: {why}")
     if env is None:
         return _sorted(problems)
     for j, name in enumerate(spec.workflow.secrets):
@@ -81,6 +91,22 @@ def _host_path_problem(base: Path, rel: str, *, want_dir: bool) -> str | None:
         return f"is not a folder ({target})"
     if not want_dir and not stat.S_ISREG(st.st_mode):
         return f"is not a regular file ({target})"
+    return None
+
+
+def _toolchain_problem(base: Path, declared: str) -> str | None:
+    """Why a ``mounts:`` or ``image:`` path (absolute, or relative to the
+    workflow's folder) cannot be used, or None."""
+    target = Path(declared) if declared.startswith("/") else base / declared
+    try:
+        os.stat(target)
+    except FileNotFoundError:
+        where = "" if declared.startswith("/") else " (relative to the workflow's folder)"
+        return f"no such file or folder{where}: {target}"
+    except PermissionError:
+        return f"permission denied ({target})"
+    except OSError as exc:
+        return f"{exc.strerror} ({target})"
     return None
 
 

@@ -7,7 +7,8 @@ environment the step gets (the host's allowlisted variables and the step's
 own ``env``; never the per-run ``STOCKADE_*`` ones), an HMAC of each secret
 value it receives (keyed with ``<root>/reuse.key``, so the store never holds
 a plain hash of a secret), the declared ``outputs``, and the sandbox: backend,
-whether it is enforced, ``isolate``, ``network`` and ``resources``.
+whether it is enforced, ``isolate``, ``network``, ``resources`` and the
+step's toolchain (each mount's stat fingerprint, the image's digest).
 
 ``decide`` looks the key up in the store's reuse index (newest first) and
 takes the first earlier item whose every output still hashes to what was
@@ -160,6 +161,11 @@ def key_for(attempt: Attempt, inputs: Sequence[tuple[str, str]], env: Mapping[st
         "backend": backend, "enforced": run.enforced and step.isolate, "isolate": step.isolate,
         "network": step.network, "resources": step.resources.model_dump(),
     }
+    toolchain = run.toolchains.get(step.id)
+    if toolchain:
+        # Each mount's fingerprint and the image's digest (absent without any,
+        # so the keys of steps without a toolchain stay as they were).
+        sandbox["toolchain"] = toolchain.key()
     parts = KeyParts(
         kind=step.kind, action=action,
         inputs=[InputDigest(n, h, 0, {}) for n, h in inputs], env=plain,

@@ -21,14 +21,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stockade import __version__
 from stockade.errors import UserError
 from stockade.plan import Plan, build_plan
-from stockade.runner import preflight
+from stockade.runner import preflight, toolchains
 from stockade.runner.attempt import Jails, PublishSettings, RunContext
 from stockade.runner.captures import Captures
 from stockade.runner.cpus import available_cpus
@@ -249,6 +249,7 @@ class Prepared:
     trees: dict[str, HostTree]
     env: dict[str, str]
     manifest: dict[str, Any]
+    toolchains: dict[str, toolchains.Toolchain] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -322,11 +323,15 @@ def start_run(
     run = RunDir(opts.root.resolve(), run_id)
     if run.path.exists():
         raise UserError(f"run id {run_id!r} is taken: {run.path} exists; run ids are never reused")
+    tools = toolchains.resolve(spec, base, run.root, choice.backend.name, reporter.echo)
     store = open_run_store(run.root, opts.store_url, env)
     started = clock()
     manifest = _manifest(spec, plan, run_id, started, values, files, trees, choice, opts,
                          workflow_path)
-    prepared = Prepared(spec, plan, run, store, choice, values, files, trees, env, manifest)
+    if tools:
+        manifest["toolchains"] = {sid: tc.to_json() for sid, tc in tools.items()}
+    prepared = Prepared(spec, plan, run, store, choice, values, files, trees, env, manifest,
+                        tools)
     interrupts = _Interrupts()
     # From here on an interrupt ends the run as interrupted, never half-created.
     with _signals_to(interrupts):
@@ -408,7 +413,14 @@ def resume_run(
     choice = choose_sandbox(opts.sandbox or manifest["sandbox"]["backend"], env)
     if spec.workflow.sandbox.require and not choice.enforced:
         raise UserError(f"this run requires an enforced sandbox, but {choice.line}")
-    prepared = Prepared(spec, plan, run, store, choice, values, files, trees, env, manifest)
+    tools = toolchains.resolve(spec, base, root, choice.backend.name, reporter.echo)
+    moved = toolchains.changed(manifest.get("toolchains") or {}, tools)
+    if moved:
+        raise UserError(f"{'; '.join(moved)} changed since run {run_id} started; start a new "
+                        f"run with `stockade run {workflow_path} --reuse` to rerun only what "
+                        "changed")
+    prepared = Prepared(spec, plan, run, store, choice, values, files, trees, env, manifest,
+                        tools)
     interrupts = _Interrupts()
     with _signals_to(interrupts):
         store.update_run(run_id, status=RunStatus.RUNNING, ended_at=None)
@@ -447,7 +459,7 @@ def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
             allow_stale=opts.allow_stale, base_dir=base, vars=p.values,
         ),
         masker=masker, locate=locate, reuse_secret=secret_key(run.root),
-        captures=Captures(),
+        captures=Captures(), toolchains=p.toolchains,
     )
     executor = LocalExecutor(opts.jobs or available_cpus())
     lock = RunLock(run.path)

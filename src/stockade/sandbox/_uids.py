@@ -285,7 +285,10 @@ class JailIds:
 def hand_to(root: Path, uid: int, gid: int) -> None:
     """Give ``root`` and everything below it to ``uid``/``gid`` (never following links).
 
-    A missing ``root`` is left for the launcher to report (it cannot enter it).
+    A file with more than one name stays the engine's: it is a shared input
+    (an engine-owned, read-only hard link to an artifact other items read),
+    and an owner could make it writable. A missing ``root`` is left for the
+    launcher to report (it cannot enter it).
     """
     try:
         os.chown(root, uid, gid, follow_symlinks=False)
@@ -295,9 +298,12 @@ def hand_to(root: Path, uid: int, gid: int) -> None:
     while stack:
         with os.scandir(stack.pop()) as it:
             for entry in it:
-                os.chown(entry.path, uid, gid, follow_symlinks=False)
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False) \
+                        and entry.stat(follow_symlinks=False).st_nlink > 1:
+                    continue
+                os.chown(entry.path, uid, gid, follow_symlinks=False)
 
 
 def take_back(root: Path, uid: int, gid: int, to_uid: int, to_gid: int) -> None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import IO, ClassVar, Protocol
+from typing import IO, ClassVar, Literal, Protocol
 
 from stockade.sandbox.policy import NetworkMode, Policy, Resources
+
+InputSharing = Literal["bind", "link", "copy"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,15 @@ class Backend(abc.ABC):
         """Sentences naming what of a step's ``network`` this backend cannot
         enforce here (the engine prints them when such a step starts)."""
         return ()
+
+    def input_sharing(self) -> InputSharing:
+        """How a large read-only input may enter this backend's jails without a copy.
+
+        ``bind``: a read-only bind mount over a placeholder (``Policy.shared_inputs``);
+        ``link``: an engine-owned, read-only hard link (the jail runs as another
+        uid, which cannot change it); ``copy``: neither (a reflink, else a copy).
+        """
+        return "copy"
 
     @abc.abstractmethod
     def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:

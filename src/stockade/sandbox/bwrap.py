@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import functools
 import os
+import resource
 import shutil
 import stat
 import sys
@@ -66,7 +67,9 @@ from stockade.errors import InfraError
 from stockade.sandbox import _direct, _lifetime, _reach, _uids, seccomp
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox._tmp import owned_tmpdir
-from stockade.sandbox.base import Availability, Backend, Running
+from stockade.sandbox.base import Availability, Backend, InputSharing, Running
+from stockade.sandbox.image import RootOp, root_plan
+from stockade.sandbox.image import listing as _image_listing
 from stockade.sandbox.policy import Policy, Resources
 
 JAIL_HOME = "/home/stockade"
@@ -209,6 +212,33 @@ def rlimit_prefix(resources: Resources, prlimit: str | None) -> list[str]:
     return [prlimit, *opts, "--core=0", "--"]
 
 
+def image_points(policy: Policy) -> list[str]:
+    """The jail paths mounted on top of an ``image:`` root (``image.root_plan``)."""
+    points = ["/proc", "/dev", JAIL_TMP, JAIL_HOME, str(policy.work_dir)]
+    points += [m.target for m in policy.mounts]
+    if policy.network == "open":
+        points.append("/etc/resolv.conf")
+    return points
+
+
+def image_limits(resources: Resources, *, jail_uid: bool) -> list[tuple[int, int]]:
+    """The rlimits the launcher sets on bwrap for an ``image:`` jail (an image
+    has no ``prlimit`` of the host's); the jail inherits them. RLIMIT_NPROC
+    only for a jail uid of its own, which has no other process on the host
+    (bwrap itself and its pid-namespace init count: two more)."""
+    out = [(resource.RLIMIT_CORE, 0)]
+    for value, which in (
+        (resources.memory_bytes, resource.RLIMIT_AS),
+        (resources.cpu_seconds, resource.RLIMIT_CPU),
+        (resources.file_size_bytes, resource.RLIMIT_FSIZE),
+    ):
+        if value is not None:
+            out.append((which, value))
+    if resources.processes is not None and jail_uid:
+        out.append((resource.RLIMIT_NPROC, resources.processes + 2))
+    return out
+
+
 def bwrap_argv(
     policy: Policy,
     layout: HostLayout,
@@ -218,13 +248,17 @@ def bwrap_argv(
     sources: Mapping[str, str] | None = None,
     bwrap: str = "bwrap",
     memory_tmp: bool = False,
+    root_ops: Sequence[RootOp] = (),
 ) -> list[str]:
     """The bubblewrap command line for ``policy``. Pure: no I/O, no environment values.
 
     ``sources`` replaces host source paths the jail's uid cannot reach with
     bridge paths (see ``BwrapBackend.start``); destinations never change.
     ``memory_tmp``: the old, unbounded tmpfs ``/tmp`` and HOME and a writable
-    tmpfs root and ``/dev`` (tests' positive controls only).
+    tmpfs root and ``/dev`` (tests' positive controls only). ``root_ops``:
+    how ``policy.image_root`` becomes the jail's ``/`` (``image.root_plan``
+    of ``image_points``), instead of the host's system folders and ``/etc``;
+    its resources are then the launcher's rlimits (``image_limits``).
     """
     remap = sources or {}
     work = str(policy.work_dir)
@@ -241,17 +275,35 @@ def bwrap_argv(
         "--cap-drop", "ALL",
         "--hostname", "stockade",
     ]  # fmt: skip
-    for d in layout.dirs:
-        argv += ["--ro-bind", d, d]
-    for link, target in sorted(layout.symlinks.items()):
-        argv += ["--symlink", target, link]
-    if layout.etc_dir is not None:
-        argv += bind(layout.etc_dir, "/etc", False)
+    if policy.image_root is not None:
+        if policy.network == "proxy":
+            raise InfraError("network: proxy cannot be used with image: (the relay to the "
+                             "proxy runs the host's python3, which an image does not have)")
+        if not root_ops:
+            raise InfraError("image: needs the plan of the jail's root (image.root_plan)")
+        top = str(policy.image_root)
+        top = remap.get(top, top)
+        for op in root_ops:
+            if op.op == "bind":
+                argv += ["--ro-bind", f"{top}/{op.source}", op.dest]
+            elif op.op == "symlink":
+                argv += ["--symlink", op.source, op.dest]
+            else:
+                argv += ["--dir", op.dest]
+        if policy.network == "open" and layout.etc_dir is not None and layout.resolv_conf:
+            argv += bind(f"{layout.etc_dir}/resolv.conf", "/etc/resolv.conf", False)
     else:
-        for e in layout.etc:
-            argv += ["--ro-bind", e, e]
-        if policy.network == "open" and layout.resolv_conf:
-            argv += ["--ro-bind", layout.resolv_conf, "/etc/resolv.conf"]
+        for d in layout.dirs:
+            argv += ["--ro-bind", d, d]
+        for link, target in sorted(layout.symlinks.items()):
+            argv += ["--symlink", target, link]
+        if layout.etc_dir is not None:
+            argv += bind(layout.etc_dir, "/etc", False)
+        else:
+            for e in layout.etc:
+                argv += ["--ro-bind", e, e]
+            if policy.network == "open" and layout.resolv_conf:
+                argv += ["--ro-bind", layout.resolv_conf, "/etc/resolv.conf"]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     if memory_tmp:
         argv += ["--tmpfs", JAIL_TMP, "--tmpfs", JAIL_HOME]
@@ -268,12 +320,16 @@ def bwrap_argv(
         argv += bind(relay_script, f"{HELPER_DIR}/relay.py", False)
         argv += bind(str(policy.proxy_socket), f"{HELPER_DIR}/proxy.sock", False)
     argv += bind(work, work, True)
+    # Over their placeholders in work/, so the jail can read but never change them.
+    for m in policy.shared_inputs:
+        argv += bind(str(m.source), m.target, False)
     if not memory_tmp:
         # Last, once every mount point exists: bubblewrap's own tmpfs root
         # and /dev would otherwise take whatever the jail writes into them.
         argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     argv += ["--chdir", work, "--seccomp", str(seccomp_fd), "--"]
-    argv += rlimit_prefix(policy.resources, layout.prlimit)
+    if policy.image_root is None:
+        argv += rlimit_prefix(policy.resources, layout.prlimit)
     if policy.network == "proxy":
         assert layout.python is not None
         argv += [
@@ -402,6 +458,7 @@ class BwrapBackend(Backend):
         self._ids = _uids.JailIds()
         self._path_filter = _reach.PathFilter()
         self._setpriv = shutil.which("setpriv", path="/usr/bin:/bin")
+        self._listings: dict[str, list[tuple[str, int, str]]] = {}
 
     def availability(self) -> Availability:
         if not sys.platform.startswith("linux"):
@@ -431,6 +488,9 @@ class BwrapBackend(Backend):
             "/tmp, HOME and /dev/shm are one folder on the item's disk scratch: bounded by "
             "resources.file_size per file and by the disk, not by resources.memory",
             "network: open shares the host network stack (recorded as reduced isolation)",
+            "an image: step cannot use network: [hosts] (the relay runs the host's python3); "
+            "its resources are rlimits the launcher sets on bwrap, and processes needs a pids "
+            "cgroup unless the engine runs as root",
         )
 
     def _prepare(self) -> tuple[HostLayout, bytes]:
@@ -458,8 +518,9 @@ class BwrapBackend(Backend):
         """The jail's PATH: the policy's entries that exist in the jail (the
         system folders, mounts, work/) and that its uid can search."""
         value = policy.env.get("PATH")
-        if value is None:
-            return None
+        if value is None or policy.image_root is not None:
+            # An image's PATH names its own folders (the runner built it).
+            return value
         layout = self._layout or scan_host()
         # Every source is bound (or bridged) into bwrap's own root: only
         # the folders from the source down matter.
@@ -498,7 +559,11 @@ class BwrapBackend(Backend):
     ) -> Running:  # fmt: skip
         """Start bwrap in a cgroup of its own (``_lifetime``): the whole jail
         ends with it."""
-        jail = _lifetime.get().open(memory_bytes=policy.resources.memory_bytes)
+        # An image has no prlimit: its processes limit is the cgroup's (and,
+        # for a jail uid, RLIMIT_NPROC; see image_limits).
+        processes = policy.resources.processes if policy.image_root is not None else None
+        jail = _lifetime.get().open(memory_bytes=policy.resources.memory_bytes,
+                                    processes=processes)
         try:
             return jail.adopt(
                 self._start(policy, stdout, stderr, lease, jail.join_fds, jail.join_dir)
@@ -520,8 +585,15 @@ class BwrapBackend(Backend):
             env["PATH"] = path
         relay = RELAY_SCRIPT
         paths = [
-            str(policy.work_dir), str(policy.scratch_dir), *(str(m.source) for m in policy.mounts)
+            str(policy.work_dir), str(policy.scratch_dir), *(str(m.source) for m in policy.mounts),
+            *(str(m.source) for m in policy.shared_inputs),
         ]
+        root_ops: list[RootOp] = []
+        limits: list[tuple[int, int]] | None = None
+        if policy.image_root is not None:
+            paths.append(str(policy.image_root))
+            root_ops = root_plan(str(policy.image_root), image_points(policy), self._listing)
+            limits = image_limits(policy.resources, jail_uid=user is not None)
         if layout.etc_dir is not None and not self._etc_reachable:
             paths.append(layout.etc_dir)
         if policy.network == "proxy":
@@ -551,17 +623,18 @@ class BwrapBackend(Backend):
                 relay_script=relay,
                 sources=dict(bridges),
                 bwrap=self._bwrap,
+                root_ops=root_ops,
             )
             fds = [fileno(stdout), fileno(stderr), *policy.pass_fds, rfd]
             if self.launcher == "direct" and not bridges:
                 try:
                     return self._direct.spawn(
                         self._bwrap, argv, env, fds, uid=user, gid=group, cgroups=cgroups,
-                        cgroup_dir=cgroup_dir,
+                        cgroup_dir=cgroup_dir, limits=limits or (),
                     )  # fmt: skip
                 except OSError as e:
                     raise InfraError(f"cannot start bwrap: {e}") from e
-            request = {
+            request: dict[str, object] = {
                 "mode": "plain",
                 "argv": argv,
                 "env": env,
@@ -573,6 +646,8 @@ class BwrapBackend(Backend):
                 "rlimits": {"as": None, "cpu": None, "nproc": None, "fsize": None},
                 "cgroups": len(cgroups),
             }
+            if limits is not None:
+                request["limits"] = limits
             # The helper takes the cgroup fds off the end (see _forkserver).
             job = self._helpers.spawn(request, [*fds, *cgroups])
         finally:
@@ -581,6 +656,19 @@ class BwrapBackend(Backend):
                 os.close(wfd)
         points = [b for _, b in bridges]
         return HelperRunning(job, [lambda: _remove_points(points)] if points else None)
+
+    def input_sharing(self) -> InputSharing:
+        return "bind"
+
+    def _listing(self, folder: str) -> list[tuple[str, int, str]]:
+        """A folder of an image, as ``root_plan`` reads it (kept until close:
+        an image is not changed while jails use it)."""
+        hit = self._listings.get(folder)
+        if hit is None:
+            if len(self._listings) > 256:
+                self._listings.clear()
+            hit = self._listings[folder] = _image_listing(folder)
+        return hit
 
     def _bridge_point(self, source: str) -> str:
         assert self._bridge_root is not None
@@ -602,6 +690,7 @@ class BwrapBackend(Backend):
                 self._cleanup = None
             self._bridge_root = self._etc_tmp = None
             self._layout = None
+            self._listings.clear()
 
 
 def running_as_root() -> bool:
@@ -609,5 +698,6 @@ def running_as_root() -> bool:
 
 
 __all__: Sequence[str] = (
-    "BwrapBackend", "HostLayout", "bwrap_argv", "choose_launcher", "jail_env", "scan_host",
+    "BwrapBackend", "HostLayout", "bwrap_argv", "choose_launcher", "image_limits",
+    "image_points", "jail_env", "scan_host",
 )

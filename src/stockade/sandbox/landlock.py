@@ -48,7 +48,7 @@ from typing import IO, Any, Literal
 from stockade.errors import InfraError
 from stockade.sandbox import _direct, _landlock, _lifetime, _netns, _reach, _uids, seccomp
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
-from stockade.sandbox.base import Availability, Backend, Running
+from stockade.sandbox.base import Availability, Backend, InputSharing, Running
 from stockade.sandbox.bwrap import (
     HostLayout,
     _resolved,
@@ -65,6 +65,10 @@ DEV_RO: tuple[str, ...] = ("/dev/urandom", "/dev/random")
 MIN_ABI = 1
 
 Launcher = Literal["native", "python"]
+#: Why ``image:`` cannot run here; the runner says it at run start, located.
+IMAGE_REFUSED = ("the landlock backend cannot give a step another root filesystem (it has no "
+                 "mount namespace): image: needs the bwrap backend (apt-get install bubblewrap, "
+                 "or --sandbox bwrap)")
 
 
 def landlock_request(
@@ -85,6 +89,11 @@ def landlock_request(
     passable (see ``_reach``); ``path``: the jail's PATH, when the backend
     filtered it (``LandlockBackend.jail_path``).
     """
+    if policy.image_root is not None:
+        raise InfraError(IMAGE_REFUSED)
+    if policy.shared_inputs:
+        raise InfraError("landlock cannot bind shared inputs (no mount namespace); its jails "
+                         "get hard links or copies")
     for m in policy.mounts:
         if m.target != str(m.source):
             raise InfraError(
@@ -296,6 +305,7 @@ class LandlockBackend(Backend):
             "engine's jails share its uid (the limit is set to the current count plus the "
             "step's share); a root engine gives each running item a uid of its own",
             "/dev/stdout and /dev/stderr can be reopened only when they are files",
+            "no other root filesystem: a step with image: is refused when the run starts",
         ]
         if self.abi < 4:
             lims.append(
@@ -473,6 +483,11 @@ class LandlockBackend(Backend):
         if plan is None or (work, scratch) == (str(policy.work_dir), str(policy.scratch_dir)):
             return policy, plan
         return replace(policy, work_dir=Path(work), scratch_dir=Path(scratch)), plan
+
+    def input_sharing(self) -> InputSharing:
+        # A root engine's jail runs as a uid of its own, which cannot write
+        # or chmod an engine-owned read-only file; otherwise it is the owner.
+        return "link" if os.geteuid() == 0 else "copy"
 
     def close(self) -> None:
         self._helpers.close()

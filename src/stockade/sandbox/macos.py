@@ -15,6 +15,7 @@ import shutil
 import sys
 from typing import IO
 
+from stockade.errors import InfraError
 from stockade.sandbox import _lifetime
 from stockade.sandbox._popen import PopenJail
 from stockade.sandbox.base import Availability, Backend, Running
@@ -138,6 +139,9 @@ class SandboxExecBackend(Backend):
         )
 
     def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:
+        if policy.image_root is not None or policy.shared_inputs:
+            raise InfraError("sandbox-exec cannot change a jail's root or bind files: image: "
+                             "needs the bwrap backend")
         policy.scratch_dir.mkdir(parents=True, exist_ok=True)
         env = dict(policy.env)
         env["HOME"] = str(policy.scratch_dir)

@@ -136,6 +136,11 @@ class NoneBackend(Backend):
         return tuple(out)
 
     def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:
+        if policy.image_root is not None or policy.shared_inputs:
+            # Without a jail there is no other root to show, nor a mount to share by.
+            raise InfraError("the none backend runs on the host's own root: image: needs the "
+                             "bwrap backend" if policy.image_root is not None else
+                             "the none backend cannot bind shared inputs")
         policy.scratch_dir.mkdir(parents=True, exist_ok=True)
         env = dict(policy.env)
         env["HOME"] = str(policy.scratch_dir)

@@ -72,6 +72,13 @@ class Policy:
     #: password of the proxy URL the jail gets. Never on a command line.
     proxy_token: str | None = None
     resources: Resources = field(default_factory=Resources)
+    #: A host folder shown as the jail's ``/`` instead of the host's system
+    #: folders (``image:``); only backends with a mount namespace (bwrap) can.
+    image_root: Path | None = None
+    #: Files shown read-only at ``target`` (a placeholder the engine made in
+    #: ``work_dir``) without a copy: large inputs, bound by backends that
+    #: ``share_inputs() == "bind"``.
+    shared_inputs: tuple[ExtraMount, ...] = ()
     #: Open host fds the process inherits, at 3, 4, ... in this order (the
     #: agent's already-connected broker socket): nothing in the jail names
     #: them by path. The backend duplicates them; the caller keeps its own.

@@ -65,6 +65,25 @@ def _slot(rel: DataPath) -> str:
     return out
 
 
+def bad_host_path(path: str) -> str | None:
+    """Why ``path`` cannot name a host path for ``mounts:`` or ``image:``, or None.
+
+    Absolute, or relative to the workflow file (``..`` allowed: a toolchain
+    often sits next to the project, not in it).
+    """
+    if not path.strip():
+        return "is empty"
+    if "\x00" in path:
+        return "contains a NUL byte"
+    if "{{" in path:
+        return "is a template; mounts: and image: are literal paths, checked before the run"
+    if path.startswith("~"):
+        return "starts with '~', which is not expanded; write the absolute path"
+    if "\\" in path:
+        return "contains a backslash; use '/'"
+    return None
+
+
 def bad_relative(path: str) -> str | None:
     """Why ``path`` cannot name something below the workflow folder, or None."""
     if not path:
@@ -104,6 +123,7 @@ class Checker:
 
     def run(self) -> list[Problem]:
         self._notify()
+        self._mounts(("mounts",), self.data.get("mounts"), "the workflow")
         self._ids()
         self._needs()
         self._cycles()
@@ -239,6 +259,12 @@ class Checker:
                              f"{_slot(path[len(base):])} of {label} holds a NUL character (\\0): "
                              f"no command line or environment variable can carry one")
         self._sink(base, step, label)
+        self._mounts((*base, "mounts"), step.get("mounts"), label)
+        image = step.get("image")
+        if isinstance(image, str):
+            why = bad_host_path(image)
+            if why:
+                self.add(self.position((*base, "image")), f"image {image!r} of {label} {why}")
         self._inputs(base, step, label)
         self._env(base, step, label)
         self._secrets(base, step, label)
@@ -294,6 +320,26 @@ class Checker:
         if slot == "key" and t.is_template and not t.uses_item:
             self.add(at, f"key of {label} does not use item, so every item would get the same "
                          "key; write something like \"{{ item.sample }}\"")
+
+    def _mounts(self, at: DataPath, mounts: Any, label: str) -> None:
+        if not isinstance(mounts, list):
+            return
+        seen: dict[str, int] = {}
+        for j, path in enumerate(mounts):
+            if not isinstance(path, str):
+                continue
+            pos = self.position((*at, j))
+            why = bad_host_path(path)
+            norm = posixpath.normpath(path) if not why else path
+            if why:
+                self.add(pos, f"mounts[{j}] {path!r} of {label} {why}")
+            elif norm == "/":
+                self.add(pos, f"mounts[{j}] of {label} is /, the whole host: mount the "
+                              "toolchain's own folder (a venv, /opt/tool)")
+            elif norm in seen:
+                self.add(pos, f"mounts[{j}] {path!r} of {label} is listed twice "
+                              f"(first as mounts[{seen[norm]}])")
+            seen.setdefault(norm, j)
 
     def _inputs(self, base: DataPath, step: dict[str, Any], label: str) -> None:
         inputs = step.get("inputs")

@@ -260,6 +260,8 @@ def _problem(
                 at = key_position((*path, present[1]))
         elif message.startswith("keep:"):
             at = key_position((*path, "keep"))
+        elif message.startswith(("mounts:", "image:")) and isinstance(a.value, dict):
+            at = key_position((*path, message.split(":", 1)[0]))
         return Problem(filename, *at, f"{field_label(data, path)}: {message}")
     if kind in ("string_pattern_mismatch", "string_too_long") and path and path[-1] in ("id", "name"):
         what = "step id" if path[-1] == "id" else "workflow name"

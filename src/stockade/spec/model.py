@@ -134,6 +134,8 @@ class Publish(_Strict):
 
 
 NetworkHost = Annotated[str, StringConstraints(pattern=r"^(\*\.)?[A-Za-z0-9.-]+(:[0-9]{1,5})?$")]
+#: A host path, absolute or relative to the workflow file (``checks`` says what is refused).
+HostPath = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
 
 
 class Step(_Strict):
@@ -158,6 +160,11 @@ class Step(_Strict):
     network: Literal["none", "open"] | list[NetworkHost] = "none"
     resources: Resources = Field(default_factory=Resources)
     isolate: bool = True
+    #: Host paths shown read-only at the same path in the jail (toolchains); ``run:`` only.
+    mounts: list[HostPath] = Field(default_factory=list)
+    #: A root filesystem instead of the host's: a folder, an OCI layout or a ``docker
+    #: save`` tarball; ``run:`` only.
+    image: HostPath | None = None
     run: Annotated[str, StringConstraints(min_length=1)] | None = None
     agent: Agent | None = None
     keep: Any = None
@@ -179,6 +186,14 @@ class Step(_Strict):
             raise ValueError(f"outputs: applies to run: and agent: steps, not {kinds[0]}:")
         if self.reuse and kinds[0] in ("publish", "keep"):
             raise ValueError(f"reuse: a {kinds[0]}: step is never taken from an earlier run")
+        for key in ("mounts", "image"):
+            if getattr(self, key) and kinds[0] != "run":
+                article = "an" if kinds[0] == "agent" else "a"
+                raise ValueError(f"{key}: applies to run: steps ({article} {kinds[0]}: step "
+                                 "runs no program of yours)")
+        if self.image is not None and not self.isolate:
+            raise ValueError("image: needs the sandbox to change the step's root; a step with "
+                             "isolate: false runs on the host as it is")
         return self
 
     @property
@@ -208,6 +223,8 @@ class Workflow(_Strict):
     notify: list[Notify] = Field(default_factory=list)
     #: Reuse unchanged items from earlier runs by default (``--no-reuse`` turns it off).
     reuse: bool = False
+    #: Host paths shown read-only in every ``run:`` step's jail (toolchains).
+    mounts: list[HostPath] = Field(default_factory=list)
     steps: Annotated[list[Step], Field(min_length=1)]
 
     def step(self, step_id: str) -> Step:

@@ -25,6 +25,9 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "reuse": "true: reuse unchanged items from earlier runs by default (--no-reuse "
                  "turns it off for one run).",
         "notify": "Webhooks told about the run when it ends: url, on, secret.",
+        "mounts": "Host paths (absolute, or relative to this file) shown read-only at the same "
+                  "path in every run: step's jail, for toolchains (a venv, a conda env, "
+                  "/opt/tool); each one's bin/ goes first on PATH.",
     },
     "Step": {
         "id": "Unique step id: lowercase letters, digits, '_' and '-'.",
@@ -51,6 +54,11 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "network": "'none' (default), 'open' (recorded as reduced isolation) or host[:port] patterns.",
         "resources": "Limits: memory, cpu_seconds, processes, file_size.",
         "isolate": "false is an explicit, recorded opt-out of the sandbox.",
+        "mounts": "Host paths (absolute, or relative to this file) shown read-only at the same "
+                  "path in the jail, for toolchains; each one's bin/ goes first on PATH (before "
+                  "the workflow's mounts). A fingerprint of each enters the reuse key.",
+        "image": "A root filesystem instead of the host's /usr: a folder, an OCI layout folder "
+                 "or a docker save tarball (unpacked once under the root). bwrap only.",
         "run": "A shell command run in work/; values rendered into it are shell-quoted.",
         "agent": "An LLM tool loop inside the jail.",
         "keep": "A decision over for_each items: one {{ }} expression giving true or false, "

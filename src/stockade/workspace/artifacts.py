@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from stockade.workspace.host import (
     materialise_tree,
     write_new_file,
 )
+from stockade.workspace.placing import Sharing, copy_in, share_in
 
 __all__ = [
     "Artifact", "ForgedReference", "HostFile", "HostTree", "Materialised", "Output",
@@ -137,8 +139,12 @@ def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-def collect_outputs(out_dir: Path) -> list[Output]:
+def collect_outputs(out_dir: Path, shared: Collection[tuple[int, int]] = ()) -> list[Output]:
     """Hash every regular file under ``out/``; refuse symlinks and special files.
+
+    A hard link is refused unless it is one of ``shared`` (device, inode):
+    an input the engine hard-linked into ``work/`` (engine-owned, read-only),
+    which the step moved or linked into ``out/`` to hand it on unchanged.
 
     Nothing is followed: a symlink to a host file must never make the engine
     copy that file into the next jail. The walk goes by folder descriptors
@@ -160,7 +166,8 @@ def collect_outputs(out_dir: Path) -> list[Output]:
             return
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+            if not stat.S_ISREG(st.st_mode) or (st.st_nlink > 1
+                                                 and (st.st_dev, st.st_ino) not in shared):
                 bad.append(f"{rel} (changed while it was read)")
                 return
             if st.st_mode & (stat.S_ISUID | stat.S_ISGID):
@@ -184,7 +191,7 @@ def collect_outputs(out_dir: Path) -> list[Output]:
                 subfolders.append(entry.name)
             elif not stat.S_ISREG(st.st_mode):
                 bad.append(f"{rel} (special file)")
-            elif st.st_nlink > 1:
+            elif st.st_nlink > 1 and (st.st_dev, st.st_ino) not in shared:
                 bad.append(f"{rel} (hard link)")
             else:
                 file(dir_fd, entry.name, rel)
@@ -279,13 +286,30 @@ class Materialised:
     sha256: str
     size: int
     source: dict[str, Any]
+    #: The artifact file a backend binds read-only over the placeholder at ``name``.
+    bind_source: Path | None = None
+    #: (device, inode) of an input hard-linked into ``work/``: the step may
+    #: move it to ``out/``, and it is then accepted as an output.
+    inode: tuple[int, int] | None = None
 
 
-def materialise(work: Path, name: str, value: Any, run_id: str) -> Materialised:
+def _open_artifact(value: Artifact) -> int:
+    try:
+        return os.open(value.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise TamperedArtifact(f"artifact {value.describe()} is unreadable: {exc.strerror}") \
+            from None
+
+
+def materialise(work: Path, name: str, value: Any, run_id: str, *,
+                sharing: Sharing = "copy") -> Materialised:
     """Write one declared input into ``work/``; the only way anything enters a jail.
 
     Nothing is written through a link: every folder on the way is opened with
-    ``O_NOFOLLOW`` and every file is created new.
+    ``O_NOFOLLOW`` and every file is created new. Files (artifacts, ``file()``)
+    are streamed, never read whole, and must hash as recorded; a large
+    artifact is shared without a copy as ``sharing`` (the backend's
+    ``input_sharing``) allows (``placing``).
     """
     name = check_input_name(name)
     source: dict[str, Any]
@@ -295,18 +319,33 @@ def materialise(work: Path, name: str, value: Any, run_id: str) -> Materialised:
                 f"input {name!r}: artifact {value.describe()} was produced by run {value.run_id}, "
                 f"not by this run ({run_id})"
             )
-        data = value.read_bytes()
         source = {"kind": "artifact", **value.ref()}
-    elif isinstance(value, HostFile):
-        data = value.read_bytes()
-        source = {"kind": "file", "path": value.rel}
-    elif isinstance(value, HostTree):
+        fd = _open_artifact(value)
+        try:
+            placed = share_in(fd, work, name, value.sha256,
+                              f"artifact {value.describe()} changed after it was recorded",
+                              sharing, value.path)
+        finally:
+            os.close(fd)
+        if placed.how != "copy":
+            source["shared"] = placed.how
+        return Materialised(name, placed.sha256, placed.size, source, placed.bind_source,
+                            placed.inode)
+    if isinstance(value, HostFile):
+        fd = value.open()
+        try:
+            placed = copy_in(fd, work, name, value.sha256,
+                             f"host file {value.rel} changed since the run started")
+        finally:
+            os.close(fd)
+        return Materialised(name, placed.sha256, placed.size, {"kind": "file", "path": value.rel})
+    if isinstance(value, HostTree):
         materialise_tree(value, work, name)
         source = {"kind": "tree", "path": value.rel}
         if value.refused:
             source["refused"] = [{"path": p, "why": why} for p, why in value.refused]
         return Materialised(name, value.sha256, len(value.files), source)
-    elif isinstance(value, str):
+    if isinstance(value, str):
         data = value.encode("utf-8")
         source = {"kind": "text"}
     else:

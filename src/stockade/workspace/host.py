@@ -89,11 +89,15 @@ class HostFile:
     base: Path
     sha256: str
 
-    def read_bytes(self) -> bytes:
+    def open(self) -> int:
+        """A descriptor of the file (the caller closes it), reached through no link."""
         try:
-            fd = _open_host_file(self.base, self.rel)
+            return _open_host_file(self.base, self.rel)
         except Refused as r:
             raise TamperedArtifact(f"host file {self.rel} changed since the run started: {r.why}") from None
+
+    def read_bytes(self) -> bytes:
+        fd = self.open()
         with os.fdopen(fd, "rb") as f:
             data = f.read()
         digest = hashlib.sha256(data).hexdigest()

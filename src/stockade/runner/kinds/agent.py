@@ -69,7 +69,8 @@ class AgentKind:
                 env={**world.env, **launch.env}, mounts=tuple(launch.mounts), network="none",
                 resources=resources_of(step), pass_fds=launch.pass_fds,
             )
-            code, timed_out = run_jail(attempt, world.backend, policy, world.masker)
+            code, timed_out = run_jail(attempt, world.backend, policy, world.masker,
+                                       inputs=inputs)
             result = session.finish(code)
             # A coding step hands its edits downstream as a unified diff, unless
             # the agent itself wrote a file by that name.

@@ -18,7 +18,7 @@ import fnmatch
 import os
 import shutil
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from stockade.runner.attempt import ITEM_ERRORS, Attempt, Outcome, error_message
 from stockade.runner.env import Masker, build_env
 from stockade.runner.records import attach
 from stockade.runner.status import AttemptStatus
-from stockade.sandbox.base import Backend
+from stockade.sandbox.base import Backend, InputSharing
 from stockade.sandbox.policy import ExtraMount, NetworkMode, Policy, Resources
 from stockade.spec.model import Step
 from stockade.spec.sizes import format_size, parse_size
@@ -111,7 +111,7 @@ def step_environment(attempt: Attempt) -> dict[str, str]:
             k: v if isinstance(v, str) else str(to_json_value(v))
             for k, v in render_value(dict(step.env), ctx, functions=fns).items()
         }
-    return build_env(
+    env = build_env(
         attempt.run.host_env,
         step_env=step_env,
         secrets=[s for s in step.secrets if s in attempt.run.secrets_allowed],
@@ -121,6 +121,19 @@ def step_environment(attempt: Attempt) -> dict[str, str]:
             "STOCKADE_ATTEMPT": str(attempt.number),
         },
     )
+    toolchain = attempt.run.toolchains.get(step.id)
+    if toolchain:
+        # The mounts' bin/ first (an image's own PATH instead of the host's).
+        env["PATH"] = toolchain.path_for(env["PATH"])
+    return env
+
+
+def input_sharing(attempt: Attempt, backend: Backend) -> InputSharing:
+    """How large inputs reach this attempt's jail (``STOCKADE_SHARE_INPUTS=0``:
+    always a copy, to compare in benchmarks)."""
+    if attempt.run.host_env.get("STOCKADE_SHARE_INPUTS") == "0":
+        return "copy"
+    return backend.input_sharing()
 
 
 def prepare(attempt: Attempt, inputs: list[Materialised]) -> Prepared:
@@ -130,15 +143,30 @@ def prepare(attempt: Attempt, inputs: list[Materialised]) -> Prepared:
     entered the jail even when a later input fails.
     """
     step = attempt.step
+    backend = attempt.run.backend if step.isolate else attempt.run.none_backend
+    sharing = input_sharing(attempt, backend)
     for name, template in step.inputs.items():
         with attempt.located("inputs", name):
             value = render_value(template, attempt.context, functions=attempt.run.functions)
-            m = materialise(attempt.dirs.work, name, value, attempt.run.run_id)
+            m = materialise(attempt.dirs.work, name, value, attempt.run.run_id, sharing=sharing)
         refs = template_refs(template)
         inputs.append(replace(m, source={**m.source, "refs": refs}) if refs else m)
     env = step_environment(attempt)
-    backend = attempt.run.backend if step.isolate else attempt.run.none_backend
     return Prepared(inputs, env, backend, item_masker(attempt))
+
+
+def with_world(attempt: Attempt, backend: Backend, policy: Policy,
+               inputs: Sequence[Materialised]) -> Policy:
+    """The policy with the step's toolchain (mounts, image) and its shared inputs."""
+    toolchain = attempt.run.toolchains.get(attempt.step.id)
+    if toolchain and attempt.step.isolate:
+        policy = replace(
+            policy, mounts=policy.mounts + toolchain.mounts_for(backend.name == "bwrap"),
+            image_root=Path(toolchain.image.rootfs) if toolchain.image is not None else None,
+        )
+    shared = tuple(ExtraMount(m.bind_source, str(policy.work_dir / m.name))
+                   for m in inputs if m.bind_source is not None)
+    return replace(policy, shared_inputs=shared) if shared else policy
 
 
 def in_jail(attempt: Attempt, body: Callable[[list[Materialised]], Outcome]) -> Outcome:
@@ -176,8 +204,12 @@ def run_jail(
     policy: Policy,
     masker: Masker,
     mounts: tuple[ExtraMount, ...] = (),
+    *,
+    inputs: Sequence[Materialised] = (),
 ) -> tuple[int | None, bool]:
     """Start the jail, capture its output in ``meta/``, enforce the timeout.
+
+    The step's toolchain and the ``inputs`` shared by a bind join the policy here.
 
     stdout goes straight to ``meta/<n>.out`` (through the capture hub when
     secrets must be masked); stderr always through the hub, which creates
@@ -188,6 +220,7 @@ def run_jail(
     step = attempt.step
     if mounts:
         policy = replace(policy, mounts=policy.mounts + mounts)
+    policy = with_world(attempt, backend, policy, inputs)
     proxy = None
     if policy.network == "proxy":
         # Only steps with an allowlist pay for these imports.
@@ -329,8 +362,26 @@ def remove_secret_names(out: Path, names: list[str], masker: Masker) -> int:
     return len(gone)
 
 
-def finish(attempt: Attempt, started: float, code: int | None, timed_out: bool) -> Outcome:
-    """The outcome of a finished process: outputs collected, or why it failed."""
+#: What a failed rename or unlink of a bind-mounted input reports.
+_BUSY = ("Device or resource busy", "Resource busy")
+
+
+def shared_hint(inputs: Sequence[Materialised], tail: str) -> str:
+    """Why a step that moved or removed a bind-shared input failed, and what to do."""
+    bound = [m.name for m in inputs if m.bind_source is not None]
+    if not bound or not any(b in tail for b in _BUSY):
+        return ""
+    return (f" (the inputs {', '.join(bound)} are shared read-only, without a copy: a step "
+            "cannot move, rename or remove them; copy one with cp to change or hand it on)")
+
+
+def finish(attempt: Attempt, started: float, code: int | None, timed_out: bool,
+           inputs: Sequence[Materialised] = ()) -> Outcome:
+    """The outcome of a finished process: outputs collected, or why it failed.
+
+    An input hard-linked into ``work/`` that the step moved into ``out/`` is
+    accepted as an output (it is engine-owned and read-only).
+    """
     n, step = attempt.number, attempt.step
     if attempt.run.cancelled and (code is None or code != 0):
         return Outcome(AttemptStatus.INTERRUPTED, n, message="interrupted", exit_code=code,
@@ -345,11 +396,12 @@ def finish(attempt: Attempt, started: float, code: int | None, timed_out: bool) 
         how = limit_message(step, code, tail)
         if how is None:
             how = (f"killed by {_signal_name(sig)} (exit status {code})" if sig is not None
-                   else f"exit status {code}")
+                   else f"exit status {code}") + shared_hint(inputs, tail)
         return Outcome(AttemptStatus.FAILED, n, message=how, exit_code=code, started_at=started,
                        stderr_tail=tail)
     try:
-        outputs = collect_outputs(attempt.dirs.out)
+        outputs = collect_outputs(attempt.dirs.out,
+                                  {m.inode for m in inputs if m.inode is not None})
     except OutputRefused as exc:
         return Outcome(AttemptStatus.FAILED, n, message=str(exc), exit_code=code,
                        started_at=started)

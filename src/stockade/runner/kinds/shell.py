@@ -48,8 +48,8 @@ class Shell:
             network=network_mode(step),
             resources=resources_of(step),
         )
-        code, timed_out = run_jail(attempt, world.backend, policy, world.masker)
-        outcome = finish(attempt, started, code, timed_out)
+        code, timed_out = run_jail(attempt, world.backend, policy, world.masker, inputs=inputs)
+        outcome = finish(attempt, started, code, timed_out, inputs)
         outcome.command = world.masker.text(command)
         outcome.reuse_key = key_for(attempt, [(m.name, m.sha256) for m in inputs], world.env,
                                     command)
