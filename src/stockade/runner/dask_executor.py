@@ -53,8 +53,10 @@ def scheduler_address(url: str) -> str:
     return f"{scheme}://{parsed.netloc}"
 
 
-def connect(url: str, timeout: float = 30.0) -> Any:
-    """A Dask client for ``url``, or an error that says what to install or start."""
+def connect(url: str, timeout: float | None = None) -> Any:
+    """A Dask client for ``url``, or an error that says what to install or start.
+
+    ``timeout`` defaults to Dask's ``distributed.comm.timeouts.connect`` (30 s)."""
     try:
         from distributed import Client
     except ImportError:
@@ -62,11 +64,14 @@ def connect(url: str, timeout: float = 30.0) -> Any:
                         "pip install 'stockade[dask]'") from None
     address = scheduler_address(url)
     try:
+        if timeout is None:
+            return Client(address, set_as_default=False)  # type: ignore[no-untyped-call]
         return Client(address, timeout=timeout,  # type: ignore[no-untyped-call]
                       set_as_default=False)
     except (OSError, TimeoutError) as exc:
         raise InfraError(f"cannot reach the Dask scheduler at {address}: {exc}; start it "
-                         "(`dask scheduler`) or check --executor / $STOCKADE_EXECUTOR") from None
+                         "(`dask scheduler`) or check --executor / $STOCKADE_EXECUTOR "
+                         "(`--executor local` runs on this machine)") from None
 
 
 def probe_workers(client: Any, requested: str | None, full: bool = False) -> dict[str, Any]:
