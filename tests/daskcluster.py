@@ -132,7 +132,7 @@ class Cluster:
                 os.killpg(p.pid, signal.SIGTERM)
         for p in procs:
             try:
-                p.wait(15)
+                p.wait(5)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
