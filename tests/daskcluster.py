@@ -82,22 +82,26 @@ class Cluster:
                            + (self.base / "scheduler.log").read_text(errors="replace"))
 
     def add(self, name: str, threads: int = 2, env: Mapping[str, str] | None = None,
-            wait: bool = True) -> Worker:
+            wait: bool = True, nanny: bool = False) -> Worker:
+        """A worker process (``nanny``: under a nanny that restarts it, as Dask deploys)."""
         folder = self.base / name
         for sub in ("home", "tmp", "scratch"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         log = open(folder / "worker.log", "ab")  # noqa: SIM115 - the process keeps it
         proc = subprocess.Popen(
             [sys.executable, "-m", "dask", "worker", self.address, "--name", name,
-             "--nthreads", str(threads), "--no-dashboard", "--no-nanny"],
+             "--nthreads", str(threads), "--no-dashboard", "--nanny" if nanny else "--no-nanny"],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=folder, start_new_session=True,
             env=_env({"HOME": str(folder / "home"), "TMPDIR": str(folder / "tmp"),
                       "STOCKADE_WORKER_SCRATCH": str(folder / "scratch"), **(env or {})}))
         w = Worker(name, folder, proc)
         self.workers[name] = w
         if wait:
-            self.wait_for(len(self.workers))
+            self.wait_for(self.alive())
         return w
+
+    def alive(self) -> int:
+        return sum(1 for w in self.workers.values() if w.proc.poll() is None)
 
     def wait_for(self, n: int, timeout: float = 90) -> None:
         from distributed import Client

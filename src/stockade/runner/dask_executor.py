@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,6 +42,11 @@ from stockade.runner.status import AttemptStatus
 ENV = "STOCKADE_EXECUTOR"
 #: Engine threads that turn attempts into jobs and results into outcomes.
 ENGINE_THREADS = 4
+#: How long attempts may wait with no worker to run on before the run stops
+#: (interrupted, resumable); ``$STOCKADE_DASK_WAIT_WORKERS`` seconds overrides it.
+WAIT_WORKERS = 300.0
+WAIT_WORKERS_ENV = "STOCKADE_DASK_WAIT_WORKERS"
+WORKER_CHECK_EVERY = 2.0
 
 
 def scheduler_address(url: str) -> str:
@@ -158,6 +164,8 @@ class DaskExecutor:
         self._running: dict[str, tuple[Pending, Any]] = {}
         self._cancelled = False
         self.broken = ""
+        self._checked = 0.0
+        self._idle_since: float | None = None
         #: Called once when the cluster is gone for good (the engine's interrupt).
         self.on_broken: Callable[[], None] | None = None
         #: ``step/item/attempt`` -> worker name, for the manifest.
@@ -244,12 +252,21 @@ class DaskExecutor:
         except Exception as exc:
             with self._lock:
                 self._running.pop(key, None)
+            self._check_client()  # a client that gave up: the run stops, resumable
             self._finish(key, built, None, f"could not submit to the Dask scheduler: {exc}",
                          None)
             return
         with self._lock:
-            if key in self._running:
+            settled = key not in self._running
+            if not settled:
                 self._running[key] = (built, fut)
+            late = self._cancelled
+        if settled or late:
+            with contextlib.suppress(Exception):
+                self.client.cancel([fut])
+        if self.broken:
+            self._settle_all()
+            return
         fut.add_done_callback(lambda f: self._pool.submit(self._collect, key, f))
 
     def _collect(self, key: str, fut: Any) -> None:
@@ -327,12 +344,52 @@ class DaskExecutor:
                          where)
 
     def _check_client(self) -> None:
-        if self.broken or self.client.status not in ("closed", "closing"):
+        """Notice a cluster that is gone: no scheduler, or no worker to run on for a while."""
+        if self.broken:
             return
-        self.broken = (f"the Dask scheduler at {self.cluster.scheduler} is unreachable and "
-                       "the client gave up reconnecting; start it again and resume the run")
+        if self.client.status in ("closed", "closing"):
+            self._break(f"the Dask scheduler at {self.cluster.scheduler} is unreachable and "
+                        "the client gave up reconnecting; start it again and resume the run")
+            return
+        now = time.monotonic()
+        if self.client.status != "running" or now - self._checked < WORKER_CHECK_EVERY:
+            return
+        self._checked = now
+        with self._lock:
+            waiting = bool(self._running)
+        try:
+            threads = self.client.nthreads()
+        except Exception:
+            return  # reconnecting: the client's own timeout decides
+        usable = [a for a in threads if self.cluster.allowed is None or a in self.cluster.allowed]
+        if usable or not waiting:
+            self._idle_since = None
+            return
+        if self._idle_since is None:
+            self._idle_since = now
+            return
+        limit = float(os.environ.get(WAIT_WORKERS_ENV) or WAIT_WORKERS)
+        if now - self._idle_since >= limit:
+            which = "workers" if self.cluster.allowed is None else "enforced workers"
+            self._break(f"the Dask cluster at {self.cluster.scheduler} has had no {which} "
+                        f"for {limit:g} s (workers stop when their scheduler restarts): start "
+                        "them again and resume the run")
+
+    def _break(self, why: str) -> None:
+        self.broken = why
+        self.cancel()
+        if self.client.status in ("closed", "closing"):
+            # A closed client never reports its futures again: they end here.
+            self._settle_all()
         if self.on_broken is not None:
             self.on_broken()
+
+    def _settle_all(self) -> None:
+        with self._lock:
+            left = list(self._running.items())
+            self._running.clear()
+        for key, (pending, _) in left:
+            self._pool.submit(self._finish, key, pending, None, self.broken, None)
 
 
 def _describe(exc: BaseException | None) -> str:
