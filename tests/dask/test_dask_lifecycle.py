@@ -156,7 +156,7 @@ def test_a_scheduler_that_stays_away_stops_the_run_resumable(
     try:
         _wait("an attempt running", lambda: _busy(private_cluster.workers["w1"].scratch))
         private_cluster.kill_scheduler()
-        out, err = proc.communicate(timeout=300)
+        _out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -175,7 +175,7 @@ def test_a_cluster_left_without_workers_stops_the_run_resumable(
     try:
         _wait("an attempt running", lambda: _busy(private_cluster.workers["only"].scratch))
         private_cluster.kill("only")
-        out, err = proc.communicate(timeout=300)
+        _out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
