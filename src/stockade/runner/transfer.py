@@ -30,6 +30,11 @@ def _fs(url: str) -> tuple[Any, str]:
         import fsspec
     except ImportError:  # pragma: no cover - installed with stockade[dask]
         raise BlobMismatch("--artifacts needs fsspec: pip install 'stockade[dask]'") from None
+    if url.startswith("file://"):
+        # A file URL's path is percent-encoded (``Path.as_uri()`` writes a space as %20).
+        from urllib.parse import unquote
+
+        url = "file://" + unquote(url[len("file://"):])
     fs, path = fsspec.core.url_to_fs(url)
     return fs, path
 
