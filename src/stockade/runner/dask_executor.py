@@ -156,7 +156,9 @@ class DaskExecutor:
         threads = client.nthreads()
         usable = [n for a, n in threads.items()
                   if cluster.allowed is None or a in cluster.allowed]
-        self.slots = max(1, slots or sum(usable))
+        # Twice the workers' threads by default: each thread has its next item
+        # waiting on the cluster, so no thread idles for a round trip to the engine.
+        self.slots = max(1, slots or 2 * sum(usable) + 2)
         self._done: SimpleQueue[Done | None] = SimpleQueue()
         self._pool = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="remote")
         self._local = ThreadPoolExecutor(max(1, min(self.slots, 8)), thread_name_prefix="item")
@@ -170,6 +172,14 @@ class DaskExecutor:
         self.on_broken: Callable[[], None] | None = None
         #: ``step/item/attempt`` -> worker name, for the manifest.
         self.placements: dict[str, str] = {}
+        self._outbox: SimpleQueue[str | None] = SimpleQueue()
+        self._inbox: SimpleQueue[tuple[str, Any] | None] = SimpleQueue()
+        self._threads = [threading.Thread(target=self._submitter, name="dask-submit",
+                                          daemon=True),
+                         threading.Thread(target=self._collector, name="dask-collect",
+                                          daemon=True)]
+        for t in self._threads:
+            t.start()
         client.subscribe_topic("all", self._event)
 
     # -- the Executor interface ------------------------------------------------------
@@ -210,6 +220,10 @@ class DaskExecutor:
                 self.client.cancel(futures)
 
     def close(self) -> None:
+        self._outbox.put(None)
+        self._inbox.put(None)
+        self._threads[0].join(30)
+        self._threads[1].join(30)
         self._pool.shutdown(wait=True)
         self._local.shutdown(wait=True, cancel_futures=True)
         with contextlib.suppress(Exception):
@@ -223,8 +237,6 @@ class DaskExecutor:
         self._done.put((attempt, outcome))
 
     def _launch(self, attempt: Attempt) -> None:
-        from stockade.runner.worker import dask_task
-
         try:
             built = build(attempt, self.settings)
         except Exception as exc:  # a bug must end the item, never lose it
@@ -244,30 +256,95 @@ class DaskExecutor:
                                   why if self.broken else "", None)
                 return
             self._running[key] = (built, None)
+        self._outbox.put(key)
+
+    def _submitter(self) -> None:
+        """Sends jobs to the scheduler in batches: one graph update for all that are ready."""
+        from stockade.runner.worker import dask_task
+
+        while True:
+            first = self._outbox.get()
+            if first is None:
+                return
+            keys = [first, *_drain(self._outbox)]
+            stop = None in keys
+            with self._lock:
+                batch = [(k, self._running[k][0]) for k in keys
+                         if k is not None and k in self._running]
+            if batch:
+                self._send(dask_task, batch)
+            if stop:
+                return
+
+    def _send(self, task: Any, batch: list[tuple[str, Pending]]) -> None:
+        workers = list(self.cluster.allowed) if self.cluster.allowed is not None else None
         try:
-            fut = self.client.submit(dask_task, built.job, key=key, pure=False,
-                                     workers=list(self.cluster.allowed)
-                                     if self.cluster.allowed is not None else None,
-                                     allow_other_workers=False)
+            futures = self.client.map(task, [p.job for _, p in batch],
+                                      key=[k for k, _ in batch], pure=False, workers=workers,
+                                      allow_other_workers=False)
         except Exception as exc:
             with self._lock:
-                self._running.pop(key, None)
+                for key, _ in batch:
+                    self._running.pop(key, None)
             self._check_client()  # a client that gave up: the run stops, resumable
-            self._finish(key, built, None, f"could not submit to the Dask scheduler: {exc}",
-                         None)
+            for key, pending in batch:
+                self._finish(key, pending, None,
+                             f"could not submit to the Dask scheduler: {exc}", None)
             return
+        late = []
         with self._lock:
-            settled = key not in self._running
-            if not settled:
-                self._running[key] = (built, fut)
-            late = self._cancelled
-        if settled or late:
+            for (key, pending), fut in zip(batch, futures, strict=True):
+                if key in self._running:
+                    self._running[key] = (pending, fut)
+                    if self._cancelled:
+                        late.append(fut)
+                else:
+                    late.append(fut)  # settled meanwhile (lost, cancelled)
+        if late:
             with contextlib.suppress(Exception):
-                self.client.cancel([fut])
+                self.client.cancel(late)
         if self.broken:
             self._settle_all()
             return
-        fut.add_done_callback(lambda f: self._pool.submit(self._collect, key, f))
+        for (key, _), fut in zip(batch, futures, strict=True):
+            fut.add_done_callback(lambda f, key=key: self._inbox.put((key, f)))
+
+    def _collector(self) -> None:
+        """Fetches finished results in batches (one gather for all that are done)."""
+        while True:
+            first = self._inbox.get()
+            if first is None:
+                return
+            entries = [first, *_drain(self._inbox)]
+            stop = None in entries
+            done = [e for e in entries if e is not None]
+            finished = [(k, f) for k, f in done if f.status == "finished"]
+            for key, fut in done:
+                if fut.status != "finished":
+                    self._pool.submit(self._collect, key, fut)
+            if finished:
+                self._gather(finished)
+            if stop:
+                return
+
+    def _gather(self, finished: list[tuple[str, Any]]) -> None:
+        with self._lock:
+            entries = [(k, self._running.pop(k, None), f) for k, f in finished]
+        live = [(k, e[0], f) for k, e, f in entries if e is not None]
+        if not live:
+            return
+        try:
+            results = self.client.gather([f for _, _, f in live])
+        except Exception:
+            # One of them went away between finishing and being fetched: one by one.
+            with self._lock:
+                for key, pending, fut in live:
+                    self._running[key] = (pending, fut)
+            for key, _, fut in live:
+                self._pool.submit(self._collect, key, fut)
+            return
+        for (key, pending, _), result in zip(live, results, strict=True):
+            self._pool.submit(self._finish, key, pending, result, "", None)
 
     def _collect(self, key: str, fut: Any) -> None:
         with self._lock:
@@ -390,6 +467,15 @@ class DaskExecutor:
             self._running.clear()
         for key, (pending, _) in left:
             self._pool.submit(self._finish, key, pending, None, self.broken, None)
+
+
+def _drain(q: SimpleQueue[Any]) -> list[Any]:
+    out = []
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except Empty:
+            return out
 
 
 def _describe(exc: BaseException | None) -> str:
