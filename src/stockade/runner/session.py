@@ -476,11 +476,12 @@ def _open_remote(option: str | None, opts: RunOptions, require: bool,
 
 def remote_choice(remote: Any) -> SandboxChoice:
     """The run's sandbox as the workers have it (the engine itself jails nothing)."""
-    from stockade.sandbox.none import NoneBackend
+    from stockade.sandbox import BACKEND_NAMES, get_backend
 
     cluster = remote.cluster
-    return SandboxChoice(NoneBackend(), cluster.enforced, (), cluster.line(),
-                         label=cluster.backend)
+    # The workers' backend (made, never started, here) names what they apply.
+    backend = get_backend(cluster.backend if cluster.backend in BACKEND_NAMES else "none")
+    return SandboxChoice(backend, cluster.enforced, (), cluster.line(), label=cluster.backend)
 
 
 def _on_broken(executor: Executor, engine: Engine, reporter: Reporter) -> None:
