@@ -202,3 +202,31 @@ def test_an_unreachable_scheduler_is_one_message(project: Project) -> None:
     r = project.run("run", "wf.yaml", "--executor", "dusk://x")
     assert r.code == 2 and "expected local or dask://HOST:PORT" in r.err
     assert os.environ.get("STOCKADE_EXECUTOR") is None
+
+
+def test_a_job_past_its_timeout_is_killed_on_the_worker(tmp_path: Path, monkeypatch: Any) -> None:
+    import time
+
+    from stockade.runner.jobs import Job
+    from stockade.runner.worker import run_job
+    from stockade.sandbox.policy import Resources
+
+    monkeypatch.setenv("STOCKADE_WORKER_SCRATCH", str(tmp_path / "scratch"))
+    job = Job(id="r/s/0/1", kind="run", attempt=1, command="echo started; sleep 60", env={},
+              files=(), folders=("out",), network="none", allow=(), resources=Resources(),
+              timeout=1, sandbox="none", isolate=True, require_enforced=False)
+    t0 = time.monotonic()
+    r = run_job(job)
+    assert r.status == "ran" and r.timed_out and r.exit_code != 0
+    assert r.stdout is not None and r.stdout.data == b"started\n"
+    assert time.monotonic() - t0 < 45
+    assert list((tmp_path / "scratch").iterdir()) == []
+    # Cancelled while running: the jail is killed and the result says so.
+    calls = []
+
+    def cancelled() -> bool:
+        calls.append(1)
+        return len(calls) > 2
+
+    r = run_job(Job(**{**job.__dict__, "timeout": None}), cancelled=cancelled)
+    assert r.status == "cancelled" and time.monotonic() - t0 < 90

@@ -124,7 +124,7 @@ def resume_url(option: str | None, manifest: Mapping[str, Any]) -> str | None:
     """``resume`` goes back to the run's cluster unless told otherwise (``--executor local``)."""
     from stockade.runner.dask_executor import executor_url
 
-    if option == "local":
+    if option == "local" or (option is None and os.environ.get("STOCKADE_EXECUTOR") == "local"):
         return None
     url = executor_url(option, dict(os.environ))
     if url is not None:
