@@ -44,6 +44,7 @@ WORDS: dict[str, tuple[str, ...]] = {
     "the executors": ("stockade.runner.executor",),
     "httpx": ("httpx",),
     "pydantic": ("pydantic",),
+    "dask": ("dask", "distributed"),
     "the rest of the package": ("stockade",),
     "the rest of stockade": ("stockade",),
 }

@@ -260,3 +260,33 @@ def test_step_statuses_are_queryable() -> None:
     s.handle(Start(0))
     assert s.step_status("a") is S.RUNNING
     assert s.step_status("b") is S.PENDING
+
+
+# -- attempts lost with their worker (a remote executor's) --------------------------
+
+
+def test_a_lost_attempt_runs_again_at_once_without_using_a_retry() -> None:
+    from stockade.runner.scheduler import MAX_LOST
+
+    s = sched([StepInfo("a", retries=0)], slots=2)
+    s.handle(Start(0))
+    assert names(s.handle(Expanded("a", 2, 0))) == ["started a 2", "start a/0#1",
+                                                    "start a/1#1"]
+    # The same try again (the engine gives it a fresh attempt number), ahead of the queue.
+    for _ in range(MAX_LOST):
+        assert names(s.handle(AttemptEnded("a", 0, A.LOST, 1))) == ["start a/0#1"]
+    assert s.item_status("a", 0) is I.RUNNING
+    # retries: 0 still allows nothing after a real failure...
+    assert names(s.handle(AttemptEnded("a", 1, FAIL, 2))) == ["item a/1 failed"]
+    # ...and one loss past MAX_LOST ends the item as errored.
+    assert names(s.handle(AttemptEnded("a", 0, A.LOST, 3))) == [
+        "item a/0 errored", "step a failed", "run failed"]
+
+
+def test_a_lost_attempt_after_an_interrupt_is_not_run_again() -> None:
+    s = sched([StepInfo("a")], slots=1)
+    s.handle(Start(0))
+    s.handle(Expanded("a", 1, 0))
+    assert names(s.handle(Interrupt(1))) == ["cancel"]
+    assert names(s.handle(AttemptEnded("a", 0, A.LOST, 2))) == [
+        "item a/0 errored", "step a failed", "run interrupted"]

@@ -200,8 +200,10 @@ def _print_item(view: history.RunView, d: history.ItemView) -> None:
     if d.kind == "keep":
         click.echo(f"  decision: {'kept' if rec.result is True else 'dropped'}")
     for a in d.attempts:
+        worker = (a.provenance or {}).get("worker") or {}
         click.echo(f"  attempt {a.attempt}: {a.outcome}  started {_when(a.started_at)}  "
                    f"{a.ended_at - a.started_at:.2f}s  exit {a.exit_code}"
+                   + (f"  on worker {worker.get('name')}" if worker else "")
                    + (f"  {a.message}" if a.message else ""))
     if rec.usage:
         click.echo(f"  tokens: {_tokens(rec.usage)}")

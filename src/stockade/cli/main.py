@@ -75,6 +75,14 @@ def _root(root: str | None) -> Path:
 root_option = click.option("--root", type=click.Path(file_okay=False), default=None,
                            help="runs folder (default: $STOCKADE_HOME or ./.stockade)")
 json_option = click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+executor_option = click.option(
+    "--executor", default=None, envvar="STOCKADE_EXECUTOR",
+    help="where items run: local (default) or dask://HOST:PORT, a Dask scheduler whose "
+         "workers have stockade installed")
+artifacts_option = click.option(
+    "--artifacts", default=None, metavar="URL",
+    help="an fsspec URL (file:///shared, s3://bucket/prefix) for large files between the "
+         "engine and Dask workers (default: by content)")
 
 
 class _Commands(click.Group):
@@ -146,7 +154,7 @@ def _finish(result: Any, as_json: bool, t0: float) -> None:
     if as_json:
         click.echo(json.dumps({
             "run_id": result.run_id, "status": str(s.status), "run_dir": str(result.run_path),
-            "sandbox": {"backend": result.sandbox.backend.name, "enforced": result.sandbox.enforced},
+            "sandbox": {"backend": result.sandbox.name, "enforced": result.sandbox.enforced},
             "steps": {k: str(v) for k, v in s.steps.items()}, "items": s.items,
             "retries": dict(s.retries), "reused": dict(s.reused), "problems": list(s.messages),
             "usage": dict(s.usage),
@@ -194,18 +202,20 @@ def _announce(as_json: bool, reporter: Any) -> Callable[[str, Path, Any], None]:
               help="run store: a PostgreSQL URL (default: SQLite in the root)")
 @click.option("--reuse/--no-reuse", "reuse", default=None,
               help="take unchanged items from earlier runs (default: the workflow's reuse:)")
+@executor_option
+@artifacts_option
 @json_option
 @friendly
 def run(file: Path, run_id: str | None, vars_: tuple[str, ...], jobs: int | None, root: str | None,
         require_sandbox: bool, sandbox_name: str | None, store_url: str | None,
-        reuse: bool | None, as_json: bool) -> None:
+        reuse: bool | None, executor: str | None, artifacts: str | None, as_json: bool) -> None:
     """Start a run of FILE and execute it."""
     from stockade.runner.session import RunOptions, start_run
 
     t0 = time.monotonic()
     opts = RunOptions(root=_root(root), jobs=jobs, run_id=run_id, overrides=_parse_vars(vars_),
                       sandbox=sandbox_name, require_sandbox=require_sandbox, store_url=store_url,
-                      reuse=reuse)
+                      reuse=reuse, executor=executor, artifacts=artifacts)
     reporter = _reporter(as_json)
     reporter.start()
     try:
@@ -224,10 +234,15 @@ def run(file: Path, run_id: str | None, vars_: tuple[str, ...], jobs: int | None
 @click.option("--sandbox", "sandbox_name", default=None, envvar="STOCKADE_SANDBOX")
 @click.option("--store", "store_url", default=None, envvar="STOCKADE_STORE")
 @click.option("--allow-stale", is_flag=True, help="let a run older than its window publish")
+@click.option("--executor", default=None,
+              help="where items run: local, or dask://HOST:PORT (default: $STOCKADE_EXECUTOR, "
+                   "else the run's own cluster)")
+@artifacts_option
 @json_option
 @friendly
 def resume(run_id: str, root: str | None, jobs: int | None, sandbox_name: str | None,
-           store_url: str | None, allow_stale: bool, as_json: bool) -> None:
+           store_url: str | None, allow_stale: bool, executor: str | None,
+           artifacts: str | None, as_json: bool) -> None:
     """Continue an interrupted or crashed run (RUN_ID, a prefix, or 'last'); verified items are kept."""
     from stockade.runner.runs import resolve_run
     from stockade.runner.session import RunOptions, open_run_store, resume_run
@@ -239,7 +254,7 @@ def resume(run_id: str, root: str | None, jobs: int | None, sandbox_name: str | 
     finally:
         store.close()
     opts = RunOptions(root=_root(root), jobs=jobs, sandbox=sandbox_name, store_url=store_url,
-                      allow_stale=allow_stale)
+                      allow_stale=allow_stale, executor=executor, artifacts=artifacts)
     reporter = _reporter(as_json)
     reporter.start()
     try:

@@ -114,6 +114,8 @@ class _Item:
     reuse: Keyed = field(default_factory=lambda: Keyed())
     #: Agent tokens spent by this item's attempts so far.
     usage: dict[str, int] = field(default_factory=dict)
+    #: Resume looked for attempts a dead engine left (once per item).
+    resumed: bool = False
 
 
 @dataclass
@@ -223,6 +225,8 @@ class Engine:
                              name="cancel", daemon=True)
         t.start()
         self._cancellers.append(t)
+        # A remote executor's attempts run in jails on other machines.
+        self.executor.cancel()
 
     def _apply(self, actions: list[Action]) -> RunStatus | None:
         """Carry out actions; those that answer with an event feed it back at once."""
@@ -386,7 +390,8 @@ class Engine:
         sr = self.steps[action.step]
         it = sr.items[action.index]
         step = sr.step
-        if action.try_ == 1 and self.resume and not is_inline(step):
+        if action.try_ == 1 and self.resume and not is_inline(step) and not it.resumed:
+            it.resumed = True
             it.base = record_lost_attempts(self.run.run_id, step.id, it.index,
                                            self.run.item(step.id, it.index), self.store,
                                            self.ctx.clock)
@@ -422,9 +427,21 @@ class Engine:
                 self.run.run_id, attempt.step.id, attempt.item.index, outcome.attempt,
                 str(outcome.status), outcome.exit_code, outcome.started_at, outcome.ended_at,
                 self.ctx.masker.text(outcome.message), outcome.provenance))
+        if outcome.status is AttemptStatus.LOST:
+            self._lost(attempt, it, outcome)
         return self.scheduler.handle(AttemptEnded(
             attempt.step.id, attempt.item.index, outcome.status, self.ctx.clock(),
             outcome.retryable))
+
+    def _lost(self, attempt: Attempt, it: _Item, outcome: Outcome) -> None:
+        """An attempt that went down with its worker: the next one gets a fresh number."""
+        it.base += 1
+        worker = (outcome.provenance or {}).get("worker") or {}
+        self.reporter.echo(f"{attempt.item}: attempt {outcome.attempt} lost "
+                           f"({self.ctx.masker.text(outcome.message)}); it runs again")
+        self._event("attempt_lost", {"step": attempt.step.id, "item": attempt.item.index,
+                                     "key": it.key, "attempt": outcome.attempt,
+                                     "worker": worker.get("name"), "why": outcome.message})
 
     def _retry_scheduled(self, action: RetryScheduled) -> None:
         sr = self.steps[action.step]

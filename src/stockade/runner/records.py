@@ -9,7 +9,7 @@ the CLI.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stockade.runner.attempt import Attempt, Outcome
@@ -17,10 +17,14 @@ from stockade.workspace.artifacts import Materialised
 from stockade.workspace.records import InputRecord, OutputRecord, Provenance, SandboxUse
 
 
-def provenance(attempt: Attempt, outcome: Outcome, inputs: Sequence[Materialised]) -> Provenance:
+def provenance(attempt: Attempt, outcome: Outcome, inputs: Sequence[Materialised],
+               worker: Mapping[str, Any] | None = None) -> Provenance:
+    """``worker``: where a remote executor ran it (its backend is the one recorded)."""
     step, run = attempt.step, attempt.run
     backend = run.backend.name if step.isolate else run.none_backend.name
     enforced = run.enforced and step.isolate
+    if worker is not None:
+        backend, enforced = str(worker["backend"]), bool(worker["enforced"]) and step.isolate
     mask = run.masker
     return Provenance(
         run_id=run.run_id, step=step.id, item=attempt.item.index, key=attempt.item.key,
@@ -37,13 +41,15 @@ def provenance(attempt: Attempt, outcome: Outcome, inputs: Sequence[Materialised
                          attempt=outcome.attempt, sandbox=backend, enforced=enforced)
             for o in outcome.outputs
         ),
+        worker=worker,
     )
 
 
 def attach(attempt: Attempt, outcome: Outcome, inputs: Sequence[Materialised],
-           extra: dict[str, Any] | None = None) -> Outcome:
+           extra: dict[str, Any] | None = None,
+           worker: Mapping[str, Any] | None = None) -> Outcome:
     """Put the attempt's provenance on its outcome (the engine stores it)."""
-    record = provenance(attempt, outcome, inputs).to_json()
+    record = provenance(attempt, outcome, inputs, worker).to_json()
     if extra:
         record.update(attempt.run.masker.value(extra))
     outcome.provenance = record

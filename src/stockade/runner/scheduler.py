@@ -16,7 +16,9 @@ Life of a step: ``pending`` until every step it needs is done; then skipped
 interrupted) or expanded into items, ``running`` while items run, and
 finally ``succeeded``, ``failed`` or ``interrupted``. Life of an item:
 ``pending`` (waiting for a job slot) -> ``running`` -> done, or ``retrying``
-for its backoff delay and back to ``pending``.
+for its backoff delay and back to ``pending``; an attempt ``lost`` with its
+worker (a remote executor's) puts the item back at the head of the queue at
+once, up to ``MAX_LOST`` times, without using a retry.
 
 Imports nothing of stockade but ``stockade.runner.status``.
 """
@@ -44,6 +46,9 @@ from stockade.runner.status import (
 MAX_RETRY_DELAY = 60.0
 #: Each retry delay is multiplied by a factor drawn from [1 - JITTER, 1 + JITTER].
 JITTER = 0.2
+#: Attempts of one item that may be ``lost`` (their worker died) and run again at
+#: once, not counted against ``retries``; one more ends the item as errored.
+MAX_LOST = 3
 
 
 @dataclass(frozen=True)
@@ -189,6 +194,8 @@ class _Step:
     total: int = 0
     items: list[ItemStatus] = field(default_factory=list)
     tries: list[int] = field(default_factory=list)
+    #: Attempts lost with their worker, per item.
+    lost: list[int] = field(default_factory=list)
     finished: int = 0
     bad: int = 0
     message: str = ""
@@ -276,6 +283,7 @@ class Scheduler:
         st.total = ev.items
         st.items = [ItemStatus.PENDING] * ev.items
         st.tries = [0] * ev.items
+        st.lost = [0] * ev.items
         out.append(StepStarted(ev.step, ev.items))
         for index in sorted(ev.done):
             if not 0 <= index < ev.items:
@@ -301,6 +309,15 @@ class Scheduler:
             raise ValueError(f"{ev.step}/{ev.index} is not running ({st.items[ev.index]})")
         if not st.info.inline:
             self.running -= 1
+        if ev.status is AttemptStatus.LOST and not self.interrupted \
+                and st.lost[ev.index] < MAX_LOST:
+            # Its worker died: the item runs again at once in a fresh attempt,
+            # ahead of the queue, and the loss is not one of its retries.
+            st.lost[ev.index] += 1
+            st.tries[ev.index] -= 1
+            st.items[ev.index] = ItemStatus.PENDING
+            self._ready.appendleft((ev.step, ev.index))
+            return
         try_ = st.tries[ev.index]
         retry = (ev.status not in ATTEMPT_FINAL and ev.retryable and not self.interrupted
                  and try_ <= st.info.retries)

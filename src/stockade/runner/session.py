@@ -34,7 +34,7 @@ from stockade.runner.captures import Captures
 from stockade.runner.cpus import available_cpus
 from stockade.runner.engine import Engine, RunSummary
 from stockade.runner.env import Masker
-from stockade.runner.executor import LocalExecutor
+from stockade.runner.executor import Executor, LocalExecutor
 from stockade.runner.report import Reporter
 from stockade.runner.reuse import secret_key
 from stockade.runner.status import RunStatus
@@ -53,6 +53,13 @@ class SandboxChoice:
     enforced: bool
     limitations: tuple[str, ...]
     line: str
+    #: What runs and records show instead of ``backend.name`` (the workers' backend,
+    #: when items run on a cluster).
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.label or self.backend.name
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,10 @@ class RunOptions:
     #: Take unchanged items from earlier runs: True (--reuse), False (--no-reuse), None
     #: (the workflow's ``reuse:``).
     reuse: bool | None = None
+    #: ``--executor``: ``dask://HOST:PORT`` (None: ``$STOCKADE_EXECUTOR``, else this machine).
+    executor: str | None = None
+    #: ``--artifacts``: an fsspec URL for large files between engine and workers.
+    artifacts: str | None = None
 
 
 @dataclass(frozen=True)
@@ -235,6 +246,14 @@ def _check_id(run_id: str | None, new_id: Callable[[], str]) -> str:
     return check_run_id(run_id)
 
 
+#: Toolchains are paths on this machine, fingerprinted here; a worker's own
+#: paths are not checked against them, so a run on Dask refuses them.
+_REMOTE_TOOLCHAINS = (
+    "steps {steps} declare mounts: or image:, which run on this machine's sandbox only; "
+    "run them with --executor local (a toolchain on Dask workers is not supported yet)"
+)
+
+
 @dataclass
 class Prepared:
     """A checked workflow bound to this machine, ready to execute as one run."""
@@ -250,6 +269,8 @@ class Prepared:
     env: dict[str, str]
     manifest: dict[str, Any]
     toolchains: dict[str, toolchains.Toolchain] = field(default_factory=dict)
+    #: The Dask cluster the items run on (``dask_session.RemoteRun``); None: this machine.
+    remote: Any = None
 
 
 @dataclass(frozen=True)
@@ -286,7 +307,7 @@ def _manifest(spec: Spec, plan: Plan, run_id: str, started: float, values: dict[
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
                  "python": sys.version.split()[0]},
         "engine": {"name": "stockade", "version": __version__},
-        "sandbox": {"backend": choice.backend.name, "enforced": choice.enforced,
+        "sandbox": {"backend": choice.name, "enforced": choice.enforced,
                     "limitations": list(choice.limitations), "lifetime": _lifetime()},
         "jobs": opts.jobs or available_cpus(),
     }
@@ -313,25 +334,37 @@ def start_run(
     base = workflow_path.resolve().parent
     preflight.check(spec, base, env)
     files, trees = fingerprint_inputs(spec, base)
-    choice = choose_sandbox(opts.sandbox, env)
-    if (spec.workflow.sandbox.require or opts.require_sandbox) and not choice.enforced:
-        raise UserError(
-            f"this run requires an enforced sandbox, but the active backend is "
-            f"{choice.backend.name!r} ({choice.line}); install bubblewrap "
-            "(apt-get install bubblewrap) or run `stockade doctor` to see why"
-        )
-    run = RunDir(opts.root.resolve(), run_id)
-    if run.path.exists():
-        raise UserError(f"run id {run_id!r} is taken: {run.path} exists; run ids are never reused")
-    tools = toolchains.resolve(spec, base, run.root, choice.backend.name, reporter.echo)
-    store = open_run_store(run.root, opts.store_url, env)
+    require = spec.workflow.sandbox.require or opts.require_sandbox
+    remote = _open_remote(opts.executor, opts, require, env)
+    try:
+        choice = remote_choice(remote) if remote else choose_sandbox(opts.sandbox, env)
+        if require and not choice.enforced and remote is None:
+            raise UserError(
+                f"this run requires an enforced sandbox, but the active backend is "
+                f"{choice.backend.name!r} ({choice.line}); install bubblewrap "
+                "(apt-get install bubblewrap) or run `stockade doctor` to see why"
+            )
+        run = RunDir(opts.root.resolve(), run_id)
+        if run.path.exists():
+            raise UserError(f"run id {run_id!r} is taken: {run.path} exists; run ids are never "
+                            "reused")
+        tools = toolchains.resolve(spec, base, run.root, choice.backend.name, reporter.echo)
+        if remote is not None and tools:
+            raise UserError(_REMOTE_TOOLCHAINS.format(steps=", ".join(sorted(tools))))
+        store = open_run_store(run.root, opts.store_url, env)
+    except BaseException:
+        if remote is not None:
+            remote.close()
+        raise
     started = clock()
     manifest = _manifest(spec, plan, run_id, started, values, files, trees, choice, opts,
                          workflow_path)
     if tools:
         manifest["toolchains"] = {sid: tc.to_json() for sid, tc in tools.items()}
+    if remote is not None:
+        manifest["executor"] = remote.cluster.to_json()
     prepared = Prepared(spec, plan, run, store, choice, values, files, trees, env, manifest,
-                        tools)
+                        toolchains=tools, remote=remote)
     interrupts = _Interrupts()
     # From here on an interrupt ends the run as interrupted, never half-created.
     with _signals_to(interrupts):
@@ -349,10 +382,12 @@ def _create(p: Prepared, workflow_path: Path) -> None:
             run_id=run_id, workflow=p.spec.workflow.name,
             workflow_path=str(workflow_path.resolve()), workflow_sha256=p.spec.sha256,
             root=str(p.run.root), status=RunStatus.RUNNING, started_at=float(m["started_at"]),
-            sandbox=p.sandbox.backend.name, enforced=p.sandbox.enforced,
+            sandbox=p.sandbox.name, enforced=p.sandbox.enforced,
         ))
     except RunExists:
         p.store.close()
+        if p.remote is not None:
+            p.remote.close()
         raise UserError(f"run id {run_id!r} is taken in the run store (another root shares it); "
                         "run ids are never reused") from None
     try:
@@ -410,17 +445,34 @@ def resume_run(
             raise UserError(f"{kind}({rel!r}) changed since run {run_id} started; start a "
                             f"new run with `stockade run {workflow_path} --reuse` to rerun only "
                             "what changed")
-    choice = choose_sandbox(opts.sandbox or manifest["sandbox"]["backend"], env)
-    if spec.workflow.sandbox.require and not choice.enforced:
-        raise UserError(f"this run requires an enforced sandbox, but {choice.line}")
-    tools = toolchains.resolve(spec, base, root, choice.backend.name, reporter.echo)
-    moved = toolchains.changed(manifest.get("toolchains") or {}, tools)
-    if moved:
-        raise UserError(f"{'; '.join(moved)} changed since run {run_id} started; start a new "
-                        f"run with `stockade run {workflow_path} --reuse` to rerun only what "
-                        "changed")
+    from stockade.runner.dask_session import resume_url
+
+    url = resume_url(opts.executor, manifest)
+    require = spec.workflow.sandbox.require
+    remote = _open_remote(url, opts, require, env)
+    if remote is not None:
+        choice = remote_choice(remote)
+    else:
+        recorded = manifest["sandbox"]["backend"]
+        choice = choose_sandbox(opts.sandbox or (None if "executor" in manifest else recorded),
+                                env)
+        if require and not choice.enforced:
+            raise UserError(f"this run requires an enforced sandbox, but {choice.line}")
+    try:
+        tools = toolchains.resolve(spec, base, root, choice.backend.name, reporter.echo)
+        if remote is not None and tools:
+            raise UserError(_REMOTE_TOOLCHAINS.format(steps=", ".join(sorted(tools))))
+        moved = toolchains.changed(manifest.get("toolchains") or {}, tools)
+        if moved:
+            raise UserError(f"{'; '.join(moved)} changed since run {run_id} started; start a "
+                            f"new run with `stockade run {workflow_path} --reuse` to rerun only "
+                            "what changed")
+    except BaseException:
+        if remote is not None:
+            remote.close()
+        raise
     prepared = Prepared(spec, plan, run, store, choice, values, files, trees, env, manifest,
-                        tools)
+                        toolchains=tools, remote=remote)
     interrupts = _Interrupts()
     with _signals_to(interrupts):
         store.update_run(run_id, status=RunStatus.RUNNING, ended_at=None)
@@ -428,6 +480,45 @@ def resume_run(
         if on_start:
             on_start(run_id, run.path, choice)
         return _execute(prepared, opts, hooks, resume=True, interrupts=interrupts)
+
+
+# -- items on a Dask cluster (runner.dask_session holds the rest) ----------------------
+
+
+def _open_remote(option: str | None, opts: RunOptions, require: bool,
+                 env: Mapping[str, str]) -> Any:
+    """The run's cluster when ``--executor``/``$STOCKADE_EXECUTOR`` names one, else None."""
+    from stockade.runner.dask_executor import executor_url
+
+    url = executor_url(option, dict(env))
+    if url is None:
+        if opts.artifacts:
+            raise UserError("--artifacts moves files between the engine and Dask workers; "
+                            "it needs --executor dask://HOST:PORT")
+        return None
+    from stockade.runner.dask_session import open_cluster
+
+    return open_cluster(url, opts.sandbox, require, opts.artifacts)
+
+
+def remote_choice(remote: Any) -> SandboxChoice:
+    """The run's sandbox as the workers have it (the engine itself jails nothing)."""
+    from stockade.sandbox import BACKEND_NAMES, get_backend
+
+    cluster = remote.cluster
+    # The workers' backend (made, never started, here) names what they apply.
+    backend = get_backend(cluster.backend if cluster.backend in BACKEND_NAMES else "none")
+    return SandboxChoice(backend, cluster.enforced, (), cluster.line(), label=cluster.backend)
+
+
+def _on_broken(executor: Executor, engine: Engine, reporter: Reporter) -> None:
+    """A cluster gone for good stops the run as interrupted (resumable), saying why."""
+
+    def broken() -> None:
+        reporter.echo(f"error: {getattr(executor, 'broken', '')}")
+        engine.interrupt()
+
+    executor.on_broken = broken  # type: ignore[attr-defined]
 
 
 def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
@@ -461,7 +552,15 @@ def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
         masker=masker, locate=locate, reuse_secret=secret_key(run.root),
         captures=Captures(), toolchains=p.toolchains,
     )
-    executor = LocalExecutor(opts.jobs or available_cpus())
+    executor: Executor
+    if p.remote is not None:
+        from stockade.runner.dask_session import make_executor
+
+        executor = make_executor(p.remote, opts.jobs,
+                                 any(s.kind == "agent" for s in spec.workflow.steps),
+                                 hooks.reporter.echo, hooks.interactive, p.env)
+    else:
+        executor = LocalExecutor(opts.jobs or available_cpus())
     lock = RunLock(run.path)
     started = float(p.manifest["started_at"])
     try:
@@ -470,12 +569,19 @@ def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
         engine = Engine(spec=spec, plan=p.plan, run=run, context=context, executor=executor,
                         vars=p.values, reporter=hooks.reporter, resume=resume, reuse=reuse)
         interrupts.attach(engine.interrupt)
+        if p.remote is not None:
+            _on_broken(executor, engine, hooks.reporter)
         try:
             summary = engine.execute()
         finally:
             executor.close()
             context.captures.close()
             p.sandbox.backend.close()
+            if p.remote is not None:
+                from stockade.runner.dask_session import record_workers
+
+                record_workers(run, p.remote, executor)  # type: ignore[arg-type]
+                p.remote.close()
         ended = clock()
         store.update_run(run.run_id, status=summary.status, ended_at=ended)
         store.add_event(Event(run.run_id, ended, "run_finished",

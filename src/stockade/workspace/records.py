@@ -80,11 +80,14 @@ class Provenance:
     outputs: tuple[OutputRecord, ...] = ()
     #: ``{run_id, step, item, attempt}`` when the outputs were taken from an earlier run.
     reused_from: Mapping[str, Any] | None = None
+    #: Where a remote executor ran the attempt: ``{name, address, host, backend,
+    #: enforced}`` of the worker; None for attempts on the engine's machine.
+    worker: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         # By hand: dataclasses.asdict deep-copies recursively and cost more than the
         # rest of an item's bookkeeping.
-        return {
+        out = {
             "run_id": self.run_id, "step": self.step, "item": self.item, "key": self.key,
             "attempt": self.attempt, "status": self.status, "message": self.message,
             "exit_code": self.exit_code, "command": self.command,
@@ -100,6 +103,9 @@ class Provenance:
                         for o in self.outputs],
             "reused_from": None if self.reused_from is None else dict(self.reused_from),
         }
+        if self.worker is not None:
+            out["worker"] = dict(self.worker)
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Provenance:
@@ -116,6 +122,7 @@ class Provenance:
                                      dict(i.get("source") or {})) for i in d.get("inputs", ())),
             outputs=tuple(_output(o, d) for o in d.get("outputs", ())),
             reused_from=d.get("reused_from"),
+            worker=d.get("worker"),
         )
 
     def output(self, name: str) -> OutputRecord | None:

@@ -7,7 +7,8 @@ import the engine, the executors or the CLI.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, Protocol
 
 from stockade.agent import AgentJob, endpoints, start_agent
 from stockade.expr import compile_template, render
@@ -39,15 +40,9 @@ class AgentKind:
         started = attempt.clock()
         step, run = attempt.step, attempt.run
         assert step.agent is not None
-        problems = endpoints.problems(step.agent.model.split("/", 1)[0],
-                                      endpoints.step_endpoint(step.agent.endpoint), run.host_env)
-        if problems:
-            # Fail before a jail starts, with what to set, instead of an
-            # authentication error from the provider after the first turn.
-            field, message = problems[0]
-            where = ("agent", "model") if field == "model" else ("agent", "endpoint", field)
-            return refused(attempt.number, started, f"{attempt.locate(*where)}: "
-                           + (f"{step.agent.model} {message}" if field == "model" else message))
+        problem = endpoint_problem(attempt)
+        if problem:
+            return refused(attempt.number, started, problem)
         world = prepare(attempt, inputs)
         with attempt.located("agent", "prompt"):
             prompt = str(render(compile_template(step.agent.prompt), attempt.context,
@@ -76,23 +71,64 @@ class AgentKind:
             # the agent itself wrote a file by that name.
             if result.ok and result.diff and not (dirs.out / "changes.diff").exists():
                 (dirs.out / "changes.diff").write_text(result.diff, encoding="utf-8")
-        outcome = finish(attempt, started, code, timed_out)
-        if outcome.status is AttemptStatus.SUCCEEDED and not result.ok:
-            outcome = Outcome(AttemptStatus.FAILED, attempt.number, message=result.message,
-                              exit_code=code, started_at=started)
-        elif not result.ok and result.message and code == 1 and not timed_out:
-            # The jail's "agent failed" exit: the broker's verdict says why (a
-            # stop reason, a refused request); the exit status adds nothing.
-            outcome.message, outcome.stderr_tail = result.message, ""
-        elif not result.ok and result.message:
-            outcome.message = f"{outcome.message}; {result.message}".strip("; ")
-        # Tokens are spent whatever the ending; a request the provider refused
-        # (4xx) or a reply that stopped for a reason fails the same way again.
-        outcome.usage = dict(result.usage)
-        if not result.retryable:
-            outcome.retryable = False
+        outcome = settle(attempt, finish(attempt, started, code, timed_out), result, code,
+                         timed_out)
         if outcome.status is AttemptStatus.SUCCEEDED:
-            outcome.result = result.result
             outcome.reuse_key = key_for(attempt, [(m.name, m.sha256) for m in inputs],
                                         world.env, self.action(attempt))
         return outcome
+
+
+def endpoint_problem(attempt: Attempt) -> str | None:
+    """What the engine's environment lacks for this step's provider, before any jail starts.
+
+    Instead of an authentication error from the provider after the first turn.
+    """
+    agent = attempt.step.agent
+    assert agent is not None
+    problems = endpoints.problems(agent.model.split("/", 1)[0],
+                                  endpoints.step_endpoint(agent.endpoint), attempt.run.host_env)
+    if not problems:
+        return None
+    field, message = problems[0]
+    where = ("agent", "model") if field == "model" else ("agent", "endpoint", field)
+    return f"{attempt.locate(*where)}: " + (f"{agent.model} {message}" if field == "model"
+                                           else message)
+
+
+class Verdict(Protocol):
+    """The session's verdict (``AgentOutcome``, or the worker's ``AgentResult``)."""
+
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def result(self) -> str: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def usage(self) -> Mapping[str, int]: ...
+    @property
+    def retryable(self) -> bool: ...
+
+
+def settle(attempt: Attempt, outcome: Outcome, result: Verdict, code: int | None,
+           timed_out: bool) -> Outcome:
+    """The attempt's outcome from the jail's ending and the broker's verdict."""
+    started = outcome.started_at
+    if outcome.status is AttemptStatus.SUCCEEDED and not result.ok:
+        outcome = Outcome(AttemptStatus.FAILED, attempt.number, message=result.message,
+                          exit_code=code, started_at=started)
+    elif not result.ok and result.message and code == 1 and not timed_out:
+        # The jail's "agent failed" exit: the broker's verdict says why (a
+        # stop reason, a refused request); the exit status adds nothing.
+        outcome.message, outcome.stderr_tail = result.message, ""
+    elif not result.ok and result.message:
+        outcome.message = f"{outcome.message}; {result.message}".strip("; ")
+    # Tokens are spent whatever the ending; a request the provider refused
+    # (4xx) or a reply that stopped for a reason fails the same way again.
+    outcome.usage = dict(result.usage)
+    if not result.retryable:
+        outcome.retryable = False
+    if outcome.status is AttemptStatus.SUCCEEDED:
+        outcome.result = result.result
+    return outcome

@@ -1,0 +1,497 @@
+"""The Dask executor: attempts run on the workers of an existing Dask cluster, each jailed.
+
+``DaskExecutor`` implements ``executor.Executor``. ``run:`` and ``agent:``
+attempts become jobs (``runner.remote.build``, on a few engine threads),
+run as Dask tasks (``runner.worker.dask_task``) and come back as outcomes
+(``runner.remote.complete``). ``publish:`` attempts need the store and the
+sinks: they run here on the engine, as the local executor runs them.
+
+A worker that dies takes its attempts with it: the scheduler's
+``remove-worker`` event names the tasks it was processing; each becomes a
+``lost`` attempt (the scheduler runs the item again in a fresh attempt, not
+counted against ``retries``) and its Dask task is cancelled, so Dask's own
+rerun of it stops within a second wherever it started. A lost connection to
+the scheduler cancels every task (Dask's client does so); those attempts are
+lost too and run again once the client reconnects. A client that gives up
+reconnecting ends the run as interrupted, resumable, with the reason.
+
+Must not import the engine or the CLI; distributed is imported when an
+executor is made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from queue import Empty, SimpleQueue
+from typing import Any
+from urllib.parse import urlparse
+
+from stockade.errors import InfraError, UserError
+from stockade.runner.attempt import Attempt, Outcome
+from stockade.runner.executor import Done, _result, _run
+from stockade.runner.jobs import JobResult, WorkerInfo
+from stockade.runner.remote import Pending, RemoteSettings, build, complete
+from stockade.runner.status import AttemptStatus
+
+ENV = "STOCKADE_EXECUTOR"
+#: Engine threads that turn attempts into jobs and results into outcomes.
+ENGINE_THREADS = 4
+#: How long attempts may wait with no worker to run on before the run stops
+#: (interrupted, resumable); ``$STOCKADE_DASK_WAIT_WORKERS`` seconds overrides it.
+WAIT_WORKERS = 300.0
+WAIT_WORKERS_ENV = "STOCKADE_DASK_WAIT_WORKERS"
+WORKER_CHECK_EVERY = 2.0
+
+
+def scheduler_address(url: str) -> str:
+    """``dask://HOST:PORT`` (or ``tcp://``, ``tls://``) as a Dask scheduler address."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("dask", "tcp", "tls") or not parsed.hostname or not parsed.port:
+        raise UserError(f"--executor {url!r}: expected local or dask://HOST:PORT (the address "
+                        "`dask scheduler` prints, with dask:// for tcp://)")
+    scheme = "tcp" if parsed.scheme == "dask" else parsed.scheme
+    return f"{scheme}://{parsed.netloc}"
+
+
+def connect(url: str, timeout: float | None = None) -> Any:
+    """A Dask client for ``url``, or an error that says what to install or start.
+
+    ``timeout`` defaults to Dask's ``distributed.comm.timeouts.connect`` (30 s)."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise UserError(f"--executor {url}: Dask is not installed here: "
+                        "pip install 'stockade[dask]'") from None
+    address = scheduler_address(url)
+    try:
+        if timeout is None:
+            return Client(address, set_as_default=False)  # type: ignore[no-untyped-call]
+        return Client(address, timeout=timeout,  # type: ignore[no-untyped-call]
+                      set_as_default=False)
+    except (OSError, TimeoutError) as exc:
+        raise InfraError(f"cannot reach the Dask scheduler at {address}: {exc}; start it "
+                         "(`dask scheduler`) or check --executor / $STOCKADE_EXECUTOR "
+                         "(`--executor local` runs on this machine)") from None
+
+
+def probe_workers(client: Any, requested: str | None, full: bool = False) -> dict[str, Any]:
+    """Each worker's sandbox, from a probe run on that worker (``runner.worker.probe_worker``)."""
+    from stockade.runner.worker import probe_worker
+
+    result: dict[str, Any] = client.run(probe_worker, requested, full)
+    return result
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What the run learnt of the cluster at its start (recorded in the manifest)."""
+
+    scheduler: str
+    workers: dict[str, Any]
+    #: Workers jobs may go to (None: any; set when ``require`` refused some).
+    allowed: tuple[str, ...] | None
+    refused: tuple[str, ...]
+
+    @property
+    def backend(self) -> str:
+        names = {str(w.get("backend")) for a, w in self.workers.items()
+                 if self.allowed is None or a in self.allowed}
+        return names.pop() if len(names) == 1 else "mixed: " + ", ".join(sorted(names))
+
+    @property
+    def enforced(self) -> bool:
+        used = [w for a, w in self.workers.items() if self.allowed is None or a in self.allowed]
+        return bool(used) and all(w.get("enforced") for w in used)
+
+    def line(self) -> str:
+        n = len(self.workers) - len(self.refused)
+        what = "enforced" if self.enforced else "NOT ENFORCED on some workers"
+        text = f"executor: dask {self.scheduler}, {n} worker{'s' if n != 1 else ''}; " \
+               f"sandbox on the workers: {self.backend} ({what})"
+        if self.refused:
+            text += f"; refused (not enforced): {', '.join(self.refused)}"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "dask", "scheduler": self.scheduler,
+                "workers": {a: {k: w.get(k) for k in ("name", "host", "backend", "enforced")}
+                            for a, w in self.workers.items()},
+                "refused": list(self.refused)}
+
+
+def survey(client: Any, requested: str | None, require: bool) -> Cluster:
+    """Probe every worker; under ``require`` keep only the enforced ones (none: an error)."""
+    workers = probe_workers(client, requested)
+    if not workers:
+        raise InfraError(f"the Dask cluster at {client.scheduler.address} has no workers; "
+                         "start some (`dask worker ADDRESS`)")
+    refused = tuple(sorted(a for a, w in workers.items() if not w.get("enforced")))
+    allowed = None
+    if require and refused:
+        allowed = tuple(sorted(a for a in workers if a not in refused))
+        if not allowed:
+            detail = "; ".join(f"{workers[a].get('name')}: {workers[a].get('backend')} "
+                               f"({workers[a].get('reason')})" for a in refused)
+            raise UserError("this run requires an enforced sandbox, and no worker of the "
+                            f"Dask cluster has one ({detail}); install bubblewrap on the "
+                            "workers or run `stockade doctor --executor ...`")
+    return Cluster(str(client.scheduler.address), workers, allowed,
+                   refused if require else ())
+
+
+class DaskExecutor:
+    """Attempts as tasks on a Dask cluster; see the module docstring."""
+
+    def __init__(self, client: Any, cluster: Cluster, settings: RemoteSettings,
+                 slots: int | None = None) -> None:
+        self.client = client
+        self.cluster = cluster
+        self.settings = settings
+        threads = client.nthreads()
+        usable = [n for a, n in threads.items()
+                  if cluster.allowed is None or a in cluster.allowed]
+        # Twice the workers' threads by default: each thread has its next item
+        # waiting on the cluster, so no thread idles for a round trip to the engine.
+        self.slots = max(1, slots or 2 * sum(usable) + 2)
+        self._done: SimpleQueue[Done | None] = SimpleQueue()
+        self._pool = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="remote")
+        self._local = ThreadPoolExecutor(max(1, min(self.slots, 8)), thread_name_prefix="item")
+        self._lock = threading.Lock()
+        self._running: dict[str, tuple[Pending, Any]] = {}
+        self._cancelled = False
+        self.broken = ""
+        self._checked = 0.0
+        self._idle_since: float | None = None
+        #: Called once when the cluster is gone for good (the engine's interrupt).
+        self.on_broken: Callable[[], None] | None = None
+        #: ``step/item/attempt`` -> worker name, for the manifest.
+        self.placements: dict[str, str] = {}
+        self._outbox: SimpleQueue[str | None] = SimpleQueue()
+        self._inbox: SimpleQueue[tuple[str, Any] | None] = SimpleQueue()
+        self._threads = [threading.Thread(target=self._submitter, name="dask-submit",
+                                          daemon=True),
+                         threading.Thread(target=self._collector, name="dask-collect",
+                                          daemon=True)]
+        for t in self._threads:
+            t.start()
+        client.subscribe_topic("all", self._event)
+
+    # -- the Executor interface ------------------------------------------------------
+
+    def submit(self, attempt: Attempt) -> None:
+        if attempt.step.kind not in ("run", "agent"):
+            fut = self._local.submit(_run, attempt)
+            fut.add_done_callback(lambda f: self._done.put((attempt, _result(attempt, f))))
+            return
+        self._pool.submit(self._launch, attempt)
+
+    def completed(self, timeout: float) -> list[Done]:
+        out: list[Done] = []
+        try:
+            first = self._done.get(timeout=max(0.0, timeout))
+        except Empty:
+            self._check_client()
+            return out
+        if first is not None:
+            out.append(first)
+        while True:
+            try:
+                more = self._done.get_nowait()
+            except Empty:
+                return out
+            if more is not None:
+                out.append(more)
+
+    def wake(self) -> None:
+        self._done.put(None)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            futures = [f for _, f in self._running.values() if f is not None]
+        if futures:
+            with contextlib.suppress(Exception):
+                self.client.cancel(futures)
+
+    def close(self) -> None:
+        self._outbox.put(None)
+        self._inbox.put(None)
+        self._threads[0].join(30)
+        self._threads[1].join(30)
+        self._pool.shutdown(wait=True)
+        self._local.shutdown(wait=True, cancel_futures=True)
+        with contextlib.suppress(Exception):
+            self.client.unsubscribe_topic("all")
+        with contextlib.suppress(Exception):
+            self.client.close(timeout=10)
+
+    # -- attempts ----------------------------------------------------------------------
+
+    def _emit(self, attempt: Attempt, outcome: Outcome) -> None:
+        self._done.put((attempt, outcome))
+
+    def _launch(self, attempt: Attempt) -> None:
+        try:
+            built = build(attempt, self.settings)
+        except Exception as exc:  # a bug must end the item, never lose it
+            now = attempt.clock()
+            self._emit(attempt, Outcome(AttemptStatus.ERRORED, attempt.number, started_at=now,
+                                        ended_at=now, retryable=False,
+                                        message=f"internal error: {type(exc).__name__}: {exc}"))
+            return
+        if isinstance(built, Outcome):
+            self._emit(attempt, built)
+            return
+        key = "stockade-" + built.job.id.replace("/", "-")
+        with self._lock:
+            if self._cancelled or self.broken:
+                why = self.broken or "interrupted before it started"
+                self._pool.submit(self._finish, key, built, None,
+                                  why if self.broken else "", None)
+                return
+            self._running[key] = (built, None)
+        self._outbox.put(key)
+
+    def _submitter(self) -> None:
+        """Sends jobs to the scheduler in batches: one graph update for all that are ready."""
+        from stockade.runner.worker import dask_task
+
+        while True:
+            first = self._outbox.get()
+            if first is None:
+                return
+            keys = [first, *_drain(self._outbox)]
+            stop = None in keys
+            with self._lock:
+                batch = [(k, self._running[k][0]) for k in keys
+                         if k is not None and k in self._running]
+            if batch:
+                self._send(dask_task, batch)
+            if stop:
+                return
+
+    def _send(self, task: Any, batch: list[tuple[str, Pending]]) -> None:
+        workers = list(self.cluster.allowed) if self.cluster.allowed is not None else None
+        try:
+            futures = self.client.map(task, [p.job for _, p in batch],
+                                      key=[k for k, _ in batch], pure=False, workers=workers,
+                                      allow_other_workers=False)
+        except Exception as exc:
+            with self._lock:
+                for key, _ in batch:
+                    self._running.pop(key, None)
+            self._check_client()  # a client that gave up: the run stops, resumable
+            for key, pending in batch:
+                self._finish(key, pending, None,
+                             f"could not submit to the Dask scheduler: {exc}", None)
+            return
+        late = []
+        with self._lock:
+            for (key, pending), fut in zip(batch, futures, strict=True):
+                if key in self._running:
+                    self._running[key] = (pending, fut)
+                    if self._cancelled:
+                        late.append(fut)
+                else:
+                    late.append(fut)  # settled meanwhile (lost, cancelled)
+        if late:
+            with contextlib.suppress(Exception):
+                self.client.cancel(late)
+        if self.broken:
+            self._settle_all()
+            return
+        for (key, _), fut in zip(batch, futures, strict=True):
+            fut.add_done_callback(lambda f, key=key: self._inbox.put((key, f)))
+
+    def _collector(self) -> None:
+        """Fetches finished results in batches (one gather for all that are done)."""
+        while True:
+            first = self._inbox.get()
+            if first is None:
+                return
+            entries = [first, *_drain(self._inbox)]
+            stop = None in entries
+            done = [e for e in entries if e is not None]
+            finished = [(k, f) for k, f in done if f.status == "finished"]
+            for key, fut in done:
+                if fut.status != "finished":
+                    self._pool.submit(self._collect, key, fut)
+            if finished:
+                self._gather(finished)
+            if stop:
+                return
+
+    def _gather(self, finished: list[tuple[str, Any]]) -> None:
+        with self._lock:
+            entries = [(k, self._running.pop(k, None), f) for k, f in finished]
+        live = [(k, e[0], f) for k, e, f in entries if e is not None]
+        if not live:
+            return
+        try:
+            results = self.client.gather([f for _, _, f in live])
+        except Exception:
+            # One of them went away between finishing and being fetched: one by one.
+            with self._lock:
+                for key, pending, fut in live:
+                    self._running[key] = (pending, fut)
+            for key, _, fut in live:
+                self._pool.submit(self._collect, key, fut)
+            return
+        for (key, pending, _), result in zip(live, results, strict=True):
+            self._pool.submit(self._finish, key, pending, result, "", None)
+
+    def _collect(self, key: str, fut: Any) -> None:
+        with self._lock:
+            entry = self._running.pop(key, None)
+        if entry is None:
+            return  # already settled (lost with its worker)
+        pending = entry[0]
+        result = None
+        why = ""
+        try:
+            if fut.status == "finished":
+                result = fut.result()
+            elif fut.status == "cancelled":
+                why = "" if self._cancelled else \
+                    "the connection to the Dask scheduler was lost during this attempt"
+            else:
+                exc = fut.exception()
+                why = _describe(exc)
+                if type(exc).__name__ != "KilledWorker":
+                    # Not a lost worker: the task itself failed (a bug, a missing install).
+                    result = JobResult("error", WorkerInfo("?", "", "", "", False), message=why)
+        except Exception as exc:
+            why = _describe(exc)
+        self._finish(key, pending, result, why, None)
+
+    def _finish(self, key: str, pending: Pending, result: Any, why: str,
+                where: dict[str, Any] | None) -> None:
+        try:
+            outcome = complete(pending, result, self.settings, lost=why, where=where)
+        except Exception as exc:
+            now = pending.attempt.clock()
+            outcome = Outcome(AttemptStatus.ERRORED, pending.attempt.number, started_at=now,
+                              ended_at=now, retryable=False,
+                              message=f"internal error: {type(exc).__name__}: {exc}")
+        if self._cancelled and outcome.status is AttemptStatus.LOST:
+            outcome.status, outcome.retryable = AttemptStatus.INTERRUPTED, False
+        a = pending.attempt
+        worker = (outcome.provenance or {}).get("worker") or {}
+        if worker:
+            self.placements[f"{a.step.id}/{a.item.index}/{a.number}"] = str(worker.get("name"))
+        self._emit(a, outcome)
+
+    # -- the cluster ---------------------------------------------------------------------
+
+    def _event(self, event: Any) -> None:
+        """Scheduler events (on the client's event loop: only bookkeeping here)."""
+        _, msg = event
+        if not isinstance(msg, dict) or msg.get("action") != "remove-worker":
+            return
+        address = str(msg.get("worker", ""))
+        keys = set(msg.get("processing-tasks") or ())
+        lost: list[tuple[str, Pending, Any]] = []
+        with self._lock:
+            for key in keys & set(self._running):
+                pending, fut = self._running.pop(key)
+                lost.append((key, pending, fut))
+        if not lost:
+            return
+        info = dict(self.cluster.workers.get(address) or {"name": address, "address": address})
+        where = {"name": info.get("name", address), "address": address,
+                 "host": info.get("host", ""), "backend": info.get("backend", ""),
+                 "enforced": bool(info.get("enforced"))}
+        self._pool.submit(self._lose, lost, where)
+
+    def _lose(self, lost: list[tuple[str, Pending, Any]], where: dict[str, Any]) -> None:
+        # Dask reruns a dead worker's tasks elsewhere: cancelled, so that rerun stops.
+        futures = [f for _, _, f in lost if f is not None]
+        if futures:
+            with contextlib.suppress(Exception):
+                self.client.cancel(futures)
+        for key, pending, _ in lost:
+            self._finish(key, pending, None,
+                         f"worker {where['name']} ({where['address']}) died during this attempt",
+                         where)
+
+    def _check_client(self) -> None:
+        """Notice a cluster that is gone: no scheduler, or no worker to run on for a while."""
+        if self.broken:
+            return
+        if self.client.status in ("closed", "closing"):
+            self._break(f"the Dask scheduler at {self.cluster.scheduler} is unreachable and "
+                        "the client gave up reconnecting; start it again and resume the run")
+            return
+        now = time.monotonic()
+        if self.client.status != "running" or now - self._checked < WORKER_CHECK_EVERY:
+            return
+        self._checked = now
+        with self._lock:
+            waiting = bool(self._running)
+        try:
+            threads = self.client.nthreads()
+        except Exception:
+            return  # reconnecting: the client's own timeout decides
+        usable = [a for a in threads if self.cluster.allowed is None or a in self.cluster.allowed]
+        if usable or not waiting:
+            self._idle_since = None
+            return
+        if self._idle_since is None:
+            self._idle_since = now
+            return
+        limit = float(os.environ.get(WAIT_WORKERS_ENV) or WAIT_WORKERS)
+        if now - self._idle_since >= limit:
+            which = "workers" if self.cluster.allowed is None else "enforced workers"
+            self._break(f"the Dask cluster at {self.cluster.scheduler} has had no {which} "
+                        f"for {limit:g} s (workers stop when their scheduler restarts): start "
+                        "them again and resume the run")
+
+    def _break(self, why: str) -> None:
+        self.broken = why
+        self.cancel()
+        if self.client.status in ("closed", "closing"):
+            # A closed client never reports its futures again: they end here.
+            self._settle_all()
+        if self.on_broken is not None:
+            self.on_broken()
+
+    def _settle_all(self) -> None:
+        with self._lock:
+            left = list(self._running.items())
+            self._running.clear()
+        for key, (pending, _) in left:
+            self._pool.submit(self._finish, key, pending, None, self.broken, None)
+
+
+def _drain(q: SimpleQueue[Any]) -> list[Any]:
+    out = []
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except Empty:
+            return out
+
+
+def _describe(exc: BaseException | None) -> str:
+    if exc is None:
+        return "the attempt's task ended without a result"
+    name = type(exc).__name__
+    if name == "KilledWorker":
+        return f"every worker that started it died ({exc})"
+    return f"the attempt's task failed on the cluster: {name}: {exc}"
+
+
+def executor_url(option: str | None, env: dict[str, str] | None = None) -> str | None:
+    """``--executor`` or ``$STOCKADE_EXECUTOR``; None or ``local`` means this machine."""
+    url = option or (env if env is not None else os.environ).get(ENV) or None
+    return None if url in (None, "", "local") else url
+
+
+__all__ = ["Cluster", "DaskExecutor", "connect", "executor_url", "probe_workers",
+           "scheduler_address", "survey"]
