@@ -1,7 +1,8 @@
 """Jailed fan-out through ``Backend.start`` against a raw anchor, in the same run.
 
     python bench/bench_sandbox.py [--items 1000] [--jobs 2] [--rounds 5]
-                                  [--backend bwrap --backend landlock] [--engine]
+                                  [--backend bwrap --backend landlock --backend none]
+                                  [--engine]
 
 For ``bwrap`` the anchor is raw ``bwrap`` (empty root, system dirs read-only,
 fresh namespaces, the item's dir bound and used as cwd) started by
@@ -168,7 +169,7 @@ def run(backends: list[str], items: int, jobs: int, rounds: int = 5) -> list[Row
 
 
 #: The anchors each backend is compared with (the first is the headline).
-ANCHORS = {"bwrap": ("bwrap", "bare"), "landlock": ("bare", "bwrap")}
+ANCHORS = {"bwrap": ("bwrap", "bare"), "landlock": ("bare", "bwrap"), "none": ("bare",)}
 
 
 def run_engine(backends: list[str], items: int, jobs: int, rounds: int = 3) -> list[Row]:
@@ -210,7 +211,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5,
                     help="alternating rounds (backend mode: chunks of --items; engine mode: "
                     "whole runs of --items each)")  # fmt: skip
-    ap.add_argument("--backend", action="append", choices=["bwrap", "landlock"])
+    ap.add_argument("--backend", action="append", choices=["bwrap", "landlock", "none"])
     ap.add_argument("--engine", action="store_true", help="time whole `stockade run`s")
     args = ap.parse_args()
     backends = args.backend or ["bwrap", "landlock"]

@@ -74,3 +74,18 @@ def test_a_path_that_leaves_its_folder_is_refused(tmp_path: Path) -> None:
         with pytest.raises(BlobMismatch, match="not a plain relative path"):
             unpack(blob_of(path, b"data"), tmp_path)
     assert json.dumps(sorted(p.name for p in tmp_path.iterdir())) == "[]"
+
+
+def test_a_large_input_reaches_the_worker_whole_without_an_artifacts_url(
+        dask_cluster: daskcluster.Cluster, project: Project) -> None:
+    """An input of 1 MiB or more is shared on a local run (a bind or a link);
+    on a worker it must still arrive whole, by content through the scheduler."""
+    project.write("wf.yaml", BIG)
+    r = project.run("run", "wf.yaml", "--executor", dask_cluster.url, "--json", timeout=300)
+    assert r.code == 0, r.err
+    run_id = r.json()["run_id"]
+    run_dir = project.root / "runs" / run_id
+    digest = hashlib.sha256((run_dir / "make" / "0" / "work" / "out" / "blob.bin")
+                            .read_bytes()).hexdigest()
+    assert (run_dir / "use" / "0" / "meta" / "1.out").read_text().strip() == digest
+    assert project.provenance(run_id, "use/0")["inputs"][0]["sha256"] == digest

@@ -126,7 +126,10 @@ def build(attempt: Attempt, settings: RemoteSettings) -> Pending | Outcome:
                 outcome = refused(attempt.number, started, problem)
                 outcome.ended_at = attempt.clock()
                 return attach(attempt, outcome, inputs)
-        world = prepare(attempt, inputs)
+        # No jail runs on the engine: the work tree is read here and shipped
+        # by content, so a large input is an engine-owned read-only hard link
+        # (never bwrap's empty placeholder, whose bytes come from a bind).
+        world = prepare(attempt, inputs, sharing="link")
         command: str | None = None
         action: Any
         if step.kind == "run":

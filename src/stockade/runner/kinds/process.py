@@ -136,15 +136,18 @@ def input_sharing(attempt: Attempt, backend: Backend) -> InputSharing:
     return backend.input_sharing()
 
 
-def prepare(attempt: Attempt, inputs: list[Materialised]) -> Prepared:
+def prepare(attempt: Attempt, inputs: list[Materialised],
+            sharing: InputSharing | None = None) -> Prepared:
     """Render and write the declared inputs into the fresh ``work/``; build the environment.
 
     ``inputs`` is filled as inputs are written, so provenance records what
-    entered the jail even when a later input fails.
+    entered the jail even when a later input fails. ``sharing`` overrides
+    how large inputs enter ``work/`` (default: as the backend allows).
     """
     step = attempt.step
     backend = attempt.run.backend if step.isolate else attempt.run.none_backend
-    sharing = input_sharing(attempt, backend)
+    if sharing is None or attempt.run.host_env.get("STOCKADE_SHARE_INPUTS") == "0":
+        sharing = input_sharing(attempt, backend)
     for name, template in step.inputs.items():
         with attempt.located("inputs", name):
             value = render_value(template, attempt.context, functions=attempt.run.functions)
