@@ -401,3 +401,35 @@ def test_meta_is_the_engines_alone(project: Project) -> None:
              "cat", str(meta / "1.out")],
             capture_output=True, text=True)
         assert other.returncode != 0 and "private" not in other.stdout
+
+
+def test_a_starting_or_resuming_run_is_never_shown_crashed(tmp_path: Path) -> None:
+    """The engine holds its run lock from the moment the run folder exists
+    (and, on resume, before the status turns back to running): at the
+    ``on_start`` moment, before any item, a reader must see ``running``."""
+    import io
+
+    from stockade.cli.progress import PlainReporter
+    from stockade.runner.runs import state
+    from stockade.runner.session import RunOptions, open_run_store, resume_run, start_run
+
+    wf = tmp_path / "wf.yaml"
+    wf.write_text("name: s\nsteps:\n  - id: a\n    run: echo a\n")
+    root = tmp_path / "root"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STOCKADE_")}
+    seen: list[str] = []
+
+    def look(run_id: str, _path: Path, _choice: Any) -> None:
+        store = open_run_store(root, None, env)
+        try:
+            record = store.get_run(run_id)
+            assert record is not None
+            seen.append(str(state(record)))
+        finally:
+            store.close()
+
+    opts = RunOptions(root=root, run_id="st1", sandbox="none")
+    result = start_run(wf, opts, PlainReporter(io.StringIO()), env=env, on_start=look)
+    assert str(result.summary.status) == "succeeded"
+    resume_run("st1", opts, PlainReporter(io.StringIO()), env=env, on_start=look)
+    assert seen == ["running", "running"]

@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from stockade.errors import UserError
 from stockade.runner.status import RunStatus
 from stockade.store.base import ItemRecord, RunRecord, Store
 from stockade.workspace.layout import RunDir
-from stockade.workspace.runlock import Holder, is_held, read_holder
+from stockade.workspace.runlock import LOCK_NAME, Holder, is_held, read_holder
 
 MIN_PREFIX = 4
 
@@ -69,7 +70,24 @@ def state(record: RunRecord) -> RunStatus:
     if not path.exists() or (holder is not None and holder.host != socket.gethostname()):
         # Run by an engine on another machine (a shared store): its lock is not ours to test.
         return status
-    return status if is_held(path) else RunStatus.CRASHED
+    if is_held(path):
+        return status
+    # The engine makes the folder, then opens and locks engine.lock: a folder
+    # without the file for a moment is an engine starting, not a dead one.
+    if not os.path.lexists(path / LOCK_NAME) and _age(path) < STARTING_GRACE:
+        return status
+    return RunStatus.CRASHED
+
+
+#: How long a run folder may lack its lock file before its run counts as crashed.
+STARTING_GRACE = 30.0
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return float("inf")
 
 
 @dataclass(frozen=True)

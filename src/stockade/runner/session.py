@@ -271,6 +271,10 @@ class Prepared:
     toolchains: dict[str, toolchains.Toolchain] = field(default_factory=dict)
     #: The Dask cluster the items run on (``dask_session.RemoteRun``); None: this machine.
     remote: Any = None
+    #: The engine's lock on the run, taken as soon as the run's folder exists
+    #: (``run``) or before its status turns back to running (``resume``), so
+    #: no reader ever sees a running run whose lock is free (``crashed``).
+    lock: RunLock | None = None
 
 
 @dataclass(frozen=True)
@@ -392,6 +396,8 @@ def _create(p: Prepared, workflow_path: Path) -> None:
                         "run ids are never reused") from None
     try:
         p.run.create()
+        p.lock = RunLock(p.run.path)
+        p.lock.acquire()
     except BaseException:
         p.store.delete_run(run_id)
         p.store.close()
@@ -475,6 +481,14 @@ def resume_run(
                         toolchains=tools, remote=remote)
     interrupts = _Interrupts()
     with _signals_to(interrupts):
+        prepared.lock = RunLock(run.path)
+        try:
+            prepared.lock.acquire()
+        except BaseException:
+            store.close()
+            if remote is not None:
+                remote.close()
+            raise
         store.update_run(run_id, status=RunStatus.RUNNING, ended_at=None)
         store.add_event(Event(run_id, clock(), "run_resumed", {"sandbox": choice.line}))
         if on_start:
@@ -561,10 +575,11 @@ def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
                                  hooks.reporter.echo, hooks.interactive, p.env)
     else:
         executor = LocalExecutor(opts.jobs or available_cpus())
-    lock = RunLock(run.path)
+    lock = p.lock or RunLock(run.path)
     started = float(p.manifest["started_at"])
     try:
-        lock.acquire()
+        if p.lock is None:
+            lock.acquire()
         reuse = spec.workflow.reuse if opts.reuse is None else opts.reuse
         engine = Engine(spec=spec, plan=p.plan, run=run, context=context, executor=executor,
                         vars=p.values, reporter=hooks.reporter, resume=resume, reuse=reuse)
