@@ -40,6 +40,8 @@ WORDS: dict[str, tuple[str, ...]] = {
     "agent": ("stockade.agent",),
     "publish": ("stockade.publish",),
     "the engine": ("stockade.runner.engine",),
+    "the spec": ("stockade.spec",),
+    "the plan": ("stockade.plan",),
     "the runner's engine": ("stockade.runner.engine",),
     "the executors": ("stockade.runner.executor",),
     "httpx": ("httpx",),

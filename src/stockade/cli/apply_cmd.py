@@ -31,7 +31,7 @@ from stockade.runner.runs import resolve_item, resolve_run
 def apply(run_id: str, step_item: str, dest: Path, yes: bool, root: str | None) -> None:
     """Apply the diff an agent step handed out to a git checkout."""
     from stockade.runner.history import item_dir
-    from stockade.runner.session import open_run_store
+    from stockade.runner.roots import open_run_store
 
     store = open_run_store(_root(root).resolve(), None, os.environ)
     try:

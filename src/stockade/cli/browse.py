@@ -24,7 +24,7 @@ from stockade.store.base import Store
 
 
 def _store(root: Path, url: str | None = None) -> Store:
-    from stockade.runner.session import open_run_store
+    from stockade.runner.roots import open_run_store
 
     url = url or os.environ.get("STOCKADE_STORE")
     if not url and not (root / "stockade.db").exists():
@@ -99,14 +99,18 @@ def show(run_id: str, target: str | None, root: str | None, show_all: bool, as_j
     """Show a run (RUN_ID, a prefix, or 'last'), a step, or one item (STEP/KEY, STEP/#N)."""
     store = _store(_root(root).resolve())
     record = resolve_run(store, run_id)
-    view = history.run_view(store, record)
+    # The plain listing needs counts and the first items of each step, not
+    # every record: a 100,000-item run answers as fast as a small one.
+    summary = target is None and not as_json and not show_all
+    view = (history.run_summary(store, record, LIST_LIMIT) if summary
+            else history.run_view(store, record))
     if target is None:
         if as_json:
             click.echo(json.dumps(view.to_json(), indent=2, sort_keys=True, default=str))
         else:
             _print_run(view, show_all)
         return
-    if "/" not in target and target in view.step_ids and len(view.items(target)) != 1:
+    if "/" not in target and target in view.step_ids and view.total(target) != 1:
         if as_json:
             click.echo(json.dumps(view.step_json(target), indent=2, sort_keys=True, default=str))
         else:
@@ -161,6 +165,7 @@ LIST_LIMIT = 20
 
 def _print_step(view: history.RunView, sid: str, *, show_all: bool) -> None:
     items = view.items(sid)
+    total = view.total(sid)
     counts = view.counts(sid)
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "not started"
     kind = view.kinds.get(sid, "")
@@ -181,14 +186,14 @@ def _print_step(view: history.RunView, sid: str, *, show_all: bool) -> None:
             line += f"  {rec.message}"
         click.echo(line)
         outs = rec.outputs
-        if len(items) == 1 or show_all:
+        if total == 1 or show_all:
             for o in outs:
                 click.echo(f"      out/{o.name}  {o.size} bytes  sha256 {o.sha256[:16]}")
         elif outs:
             click.echo(f"      {len(outs)} output{'s' if len(outs) != 1 else ''} "
                        f"(stockade show {view.record.run_id} {sid}/{rec.label})")
-    if len(items) > len(shown):
-        click.echo(f"  ... {len(items) - len(shown)} more items "
+    if total > len(shown):
+        click.echo(f"  ... {total - len(shown)} more items "
                    f"(stockade show {view.record.run_id} {sid} --all)")
 
 

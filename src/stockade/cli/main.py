@@ -67,7 +67,7 @@ def friendly(fn: F) -> F:
 
 
 def _root(root: str | None) -> Path:
-    from stockade.runner.session import default_root
+    from stockade.runner.roots import default_root
 
     return Path(root) if root else default_root(os.environ)
 
@@ -244,8 +244,9 @@ def resume(run_id: str, root: str | None, jobs: int | None, sandbox_name: str | 
            store_url: str | None, allow_stale: bool, executor: str | None,
            artifacts: str | None, as_json: bool) -> None:
     """Continue an interrupted or crashed run (RUN_ID, a prefix, or 'last'); verified items are kept."""
+    from stockade.runner.roots import open_run_store
     from stockade.runner.runs import resolve_run
-    from stockade.runner.session import RunOptions, open_run_store, resume_run
+    from stockade.runner.session import RunOptions, resume_run
 
     t0 = time.monotonic()
     store = open_run_store(_root(root).resolve(), store_url, os.environ)

@@ -38,6 +38,9 @@ class RunView:
     #: Agent token usage of the whole run (summed from the items' store records).
     usage: dict[str, int] = field(default_factory=dict)
     manifest: dict[str, Any] = field(default_factory=dict)
+    #: Per step, the count of each status when ``by_step`` holds only the
+    #: first items of each step (``run_summary``); None: ``by_step`` is whole.
+    tallies: dict[str, dict[str, int]] | None = None
 
     @property
     def duration(self) -> float | None:
@@ -53,7 +56,15 @@ class RunView:
         """Agent token usage of one step's items together."""
         return sum_usage(self.items(step))
 
+    def total(self, step: str) -> int:
+        """How many items of ``step`` are recorded (``items`` may hold fewer)."""
+        if self.tallies is not None:
+            return sum(self.tallies.get(step, {}).values())
+        return len(self.items(step))
+
     def counts(self, step: str) -> dict[str, int]:
+        if self.tallies is not None:
+            return dict(self.tallies.get(step, {}))
         out: dict[str, int] = {}
         for i in self.items(step):
             out[i.status] = out.get(i.status, 0) + 1
@@ -95,23 +106,54 @@ def read_manifest(record: RunRecord) -> dict[str, Any]:
 
 
 def run_view(store: Store, record: RunRecord) -> RunView:
+    """The whole run: every item record of every step."""
     manifest = read_manifest(record)
     items = store.items(record.run_id)
     by_step: dict[str, list[ItemRecord]] = {}
     for i in items:
         by_step.setdefault(i.step, []).append(i)
+    return _view(store, record, manifest, by_step, sum_usage(items))
+
+
+def run_summary(store: Store, record: RunRecord, first: int = 20) -> RunView:
+    """The run with counts per step and only the first ``first`` items of each
+    (all of an agent step's, whose token usage is summed): what ``show`` prints
+    without ``--all``, answered without reading a 100,000-item run whole."""
+    manifest = read_manifest(record)
+    tallies = {sid: t.counts for sid, t in store.step_tallies(record.run_id).items()}
+    kinds = _declared(manifest)[1]
+    by_step: dict[str, list[ItemRecord]] = {}
+    usage_items: list[ItemRecord] = []
+    for sid in tallies:
+        if kinds.get(sid) == "agent":
+            by_step[sid] = store.items(record.run_id, sid)
+            usage_items += by_step[sid]
+        else:
+            by_step[sid] = store.item_page(record.run_id, sid, limit=first)
+    view = _view(store, record, manifest, by_step, sum_usage(usage_items))
+    view.tallies = tallies
+    return view
+
+
+def _declared(manifest: Mapping[str, Any]) -> tuple[list[str], dict[str, str],
+                                                     dict[str, list[str]]]:
     declared = manifest.get("steps") or []
     step_ids = [s["id"] for s in declared if isinstance(s, dict) and "id" in s]
-    step_ids += sorted(s for s in by_step if s not in step_ids)
     kinds = {s["id"]: str(s.get("kind", "")) for s in declared if isinstance(s, dict)}
     needs = {s["id"]: list(s.get("needs", [])) for s in declared if isinstance(s, dict)}
+    return step_ids, kinds, needs
+
+
+def _view(store: Store, record: RunRecord, manifest: dict[str, Any],
+          by_step: dict[str, list[ItemRecord]], usage: dict[str, int]) -> RunView:
+    step_ids, kinds, needs = _declared(manifest)
+    step_ids += sorted(s for s in by_step if s not in step_ids)
     retries: dict[str, int] = {}
-    for ev in store.events(record.run_id):
-        if ev.kind == "retry_scheduled":
-            step = str(ev.data.get("step", ""))
-            retries[step] = retries.get(step, 0) + 1
+    for ev in store.events_of([record.run_id], ["retry_scheduled"]):
+        step = str(ev.data.get("step", ""))
+        retries[step] = retries.get(step, 0) + 1
     return RunView(record, state(record), step_ids, kinds, needs,
-                   dict(manifest.get("vars") or {}), by_step, retries, sum_usage(items), manifest)
+                   dict(manifest.get("vars") or {}), by_step, retries, usage, manifest)
 
 
 @dataclass

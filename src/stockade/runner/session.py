@@ -37,6 +37,7 @@ from stockade.runner.env import Masker
 from stockade.runner.executor import Executor, LocalExecutor
 from stockade.runner.report import Reporter
 from stockade.runner.reuse import secret_key
+from stockade.runner.roots import open_run_store
 from stockade.runner.status import RunStatus
 from stockade.sandbox.base import Backend
 from stockade.spec import Spec, load_workflow
@@ -90,16 +91,6 @@ class RunResult:
     sandbox: SandboxChoice
     started_at: float = 0.0
     ended_at: float = 0.0
-
-
-def default_root(env: Mapping[str, str]) -> Path:
-    return Path(env.get("STOCKADE_HOME") or ".stockade")
-
-
-def open_run_store(root: Path, url: str | None, env: Mapping[str, str]) -> Store:
-    from stockade.store import open_store
-
-    return open_store(url or env.get("STOCKADE_STORE"), root)
 
 
 def choose_sandbox(requested: str | None, env: Mapping[str, str]) -> SandboxChoice:

@@ -98,7 +98,7 @@ def make_server(store_factory: Callable[[], Store], port: int = 0, *,
 @friendly
 def ui(root: str | None, port: int, allow_actions: bool) -> None:
     """Serve a local web page on 127.0.0.1 to follow and inspect runs live."""
-    from stockade.runner.session import default_root, open_run_store
+    from stockade.runner.roots import default_root, open_run_store
 
     r = (Path(root) if root else default_root(os.environ)).resolve()
     if not os.environ.get("STOCKADE_STORE") and not (r / "stockade.db").exists():

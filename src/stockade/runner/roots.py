@@ -1,0 +1,27 @@
+"""Where the runs are: the root folder and the run store it names.
+
+Every read-only command (``runs``, ``show``, ``logs``, the web UI) starts
+here, so this module stays light (importing the spec, the plan or the
+sandbox costs more than answering ``runs``).
+
+Must not import the spec, the plan, the sandbox or the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from stockade.store.base import Store
+
+
+def default_root(env: Mapping[str, str]) -> Path:
+    """``$STOCKADE_HOME``, else ``./.stockade``."""
+    return Path(env.get("STOCKADE_HOME") or ".stockade")
+
+
+def open_run_store(root: Path, url: str | None, env: Mapping[str, str]) -> Store:
+    """The store at ``url`` (``--store``), else ``$STOCKADE_STORE``, else the root's SQLite."""
+    from stockade.store import open_store
+
+    return open_store(url or env.get("STOCKADE_STORE"), root)
