@@ -102,7 +102,7 @@ class RunSummary:
     usage: Mapping[str, int] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Item:
     index: int
     key: str
@@ -111,9 +111,9 @@ class _Item:
     base: int = 0
     outcome: Outcome | None = None
     #: The item's reuse key and the earlier items that share it, when the step reuses.
-    reuse: Keyed = field(default_factory=lambda: Keyed())
-    #: Agent tokens spent by this item's attempts so far.
-    usage: dict[str, int] = field(default_factory=dict)
+    reuse: Keyed | None = None
+    #: Agent tokens spent by this item's attempts so far (None: none yet).
+    usage: dict[str, int] | None = None
     #: Resume looked for attempts a dead engine left (once per item).
     resumed: bool = False
 
@@ -398,30 +398,31 @@ class Engine:
         attempt = self._attempt(step, it, action.try_)
         if is_inline(step):
             return self._attempt_ended(attempt, kind_of(step).run(attempt))
-        if action.try_ == 1 and it.reuse.candidates:
-            reused = self._reuse(attempt, it)
+        if action.try_ == 1 and it.reuse is not None and it.reuse.candidates:
+            reused = self._reuse(attempt, it, it.reuse)
             if reused is not None:
                 return self._attempt_ended(attempt, reused)
         self.reporter.item_started(step.id, it.key)
         self.executor.submit(attempt)
         return []
 
-    def _reuse(self, attempt: Attempt, it: _Item) -> Outcome | None:
+    def _reuse(self, attempt: Attempt, it: _Item, keyed: Keyed) -> Outcome | None:
         """Take the item from an earlier run if one still verifies; None: it runs."""
         try:
-            return take(attempt, it.reuse, self.ctx.clock())
+            return take(attempt, keyed, self.ctx.clock())
         except OSError as exc:
             self.reporter.echo(f"warning: {attempt.item}: could not reuse an earlier run's "
                                f"outputs ({exc.strerror}); running it")
             return None
         finally:
-            it.reuse = Keyed()
+            it.reuse = None
 
     def _attempt_ended(self, attempt: Attempt, outcome: Outcome) -> list[Action]:
         sr = self.steps[attempt.step.id]
         it = sr.items[attempt.item.index]
         it.outcome = outcome
-        it.usage = add_usage(it.usage, outcome.usage)
+        if outcome.usage:
+            it.usage = add_usage(it.usage or {}, outcome.usage)
         if not is_inline(attempt.step):
             self._pending_attempts.append(AttemptRecord(
                 self.run.run_id, attempt.step.id, attempt.item.index, outcome.attempt,
@@ -471,7 +472,7 @@ class Engine:
             result=self.ctx.masker.value(to_json_value(out.result)),
             value=self.ctx.masker.value(to_json_value(it.value)),
             message=self.ctx.masker.text(out.message), started_at=out.started_at,
-            ended_at=out.ended_at, outputs=tuple(arts), key=it.key, usage=it.usage,
+            ended_at=out.ended_at, outputs=tuple(arts), key=it.key, usage=it.usage or {},
             reused_from=dict(out.reused_from) if out.reused_from else None,
         )
         self._pending_items.append((rec, arts))
@@ -490,6 +491,10 @@ class Engine:
                                               artifacts_of(rec, self.run.path, self.run.run_id))
         if status in ITEM_BAD:
             self.messages.append(f"{action.step}/{it.key}: {status}: {out.message}")
+        # What later steps read is in sr.results; the outcome (with its
+        # provenance, a few KiB per item) is in the store now: a 100,000-item
+        # run must not keep them all.
+        it.outcome = None
         if status is ItemStatus.INTERRUPTED and out.attempt == 0:
             return
         shown = "reused" if out.reused_from else str(status)
