@@ -8,6 +8,7 @@ Must not import workspace, sandbox, runner, agent, publish, store, web or cli.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -196,8 +197,9 @@ class Step(_Strict):
                              "isolate: false runs on the host as it is")
         return self
 
-    @property
+    @cached_property
     def kind(self) -> str:
+        # Cached: the engine asks several times for every item it starts.
         return next(k for k in STEP_KINDS if getattr(self, k) is not None)
 
 

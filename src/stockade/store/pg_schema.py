@@ -119,5 +119,7 @@ ALTER TABLE stockade_items ADD COLUMN IF NOT EXISTS key TEXT NOT NULL DEFAULT ''
 ALTER TABLE stockade_items ADD COLUMN IF NOT EXISTS reused_from TEXT;
 ALTER TABLE stockade_attempts ADD COLUMN IF NOT EXISTS provenance TEXT;
 CREATE INDEX IF NOT EXISTS stockade_items_key ON stockade_items (run_id, step, key);
+CREATE INDEX IF NOT EXISTS stockade_items_tally
+    ON stockade_items (run_id, step, status, started_at, ended_at);
 ALTER TABLE stockade_items ADD COLUMN IF NOT EXISTS usage TEXT NOT NULL DEFAULT '{}';
 """
