@@ -592,6 +592,24 @@ def test_reuse_candidates_newest_first_with_outputs(store: Store) -> None:
     assert store.reuse_candidates(many) == {}
 
 
+def test_the_reuse_index_keeps_the_newest_entries_of_a_key(store: Store) -> None:
+    """A key reused night after night keeps REUSE_KEEP entries, not one per run."""
+    from stockade.store.base import REUSE_KEEP
+
+    for n in range(REUSE_KEEP + 3):
+        rid = f"night{n}"
+        store.create_run(run(rid, float(n)))
+        store.complete_item(ItemRecord(rid, "a", 0, "succeeded", 1), [])
+        store.index_reuse([ReuseEntry("k", rid, "a", 0, 1, float(n)),
+                           ReuseEntry(f"only-{n}", rid, "a", 0, 1, float(n))])
+    got = store.reuse_candidates(["k"], limit=REUSE_KEEP + 3)["k"]
+    newest = [f"night{n}" for n in range(REUSE_KEEP + 2, 2, -1)]
+    assert [c.run_id for c in got] == newest
+    # Other keys keep their own entries.
+    assert all(len(store.reuse_candidates([f"only-{n}"])[f"only-{n}"]) == 1
+               for n in range(REUSE_KEEP + 3))
+
+
 def test_reused_counts_per_step(store: Store) -> None:
     store.create_run(run())
     origin = {"run_id": "r0", "step": "a", "item": 0, "attempt": 1}

@@ -90,6 +90,23 @@ def add_usage(total: dict[str, int], more: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
+#: Index entries kept per reuse key, newest first. Every run indexes what it
+#: ran or reused, so without a bound a key nightly reused gains an entry a
+#: night and every lookup reads them all; the newest few are what a lookup
+#: takes (``reuse_candidates`` returns at most 3, never the asking run's own).
+REUSE_KEEP = 4
+
+
+def with_outputs(c: ReuseCandidate,
+                 outputs: Mapping[tuple[str, str, int, int], list[ArtifactRecord]]
+                 ) -> ReuseCandidate:
+    """``c`` with its recorded outputs (from a batch keyed by run, step, item, attempt),
+    ordered by name."""
+    arts = sorted(outputs.get((c.run_id, c.step, c.item, c.attempt), ()), key=lambda a: a.name)
+    return ReuseCandidate(c.key, c.run_id, c.step, c.item, c.attempt, c.root, tuple(arts),
+                          c.result)
+
+
 def sum_usage(items: Iterable[ItemRecord]) -> dict[str, int]:
     """The token usage of ``items`` together (a run's, a step's)."""
     total: dict[str, int] = {}

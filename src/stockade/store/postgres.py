@@ -34,6 +34,7 @@ from stockade.store._rows import (
     tallies_from_rows,
 )
 from stockade.store.base import (
+    REUSE_KEEP,
     ArtifactRecord,
     AttemptRecord,
     Effect,
@@ -49,6 +50,7 @@ from stockade.store.base import (
     RunRecord,
     StepTally,
     Store,
+    with_outputs,
 )
 from stockade.store.pg_schema import SCHEMA
 
@@ -181,6 +183,12 @@ class PostgresStore(Store):
                 " ON CONFLICT (key, run_id, step, item) DO UPDATE SET attempt=EXCLUDED.attempt,"
                 " created_at=EXCLUDED.created_at",
                 [(e.key, e.run_id, e.step, e.item, e.attempt, e.created_at) for e in entries])
+            cur.execute(
+                "DELETE FROM stockade_reuse_index x USING (SELECT key, run_id, step, item,"
+                " ROW_NUMBER() OVER (PARTITION BY key ORDER BY created_at DESC) AS n"
+                " FROM stockade_reuse_index WHERE key = ANY(%s)) d WHERE x.key = d.key"
+                " AND x.run_id = d.run_id AND x.step = d.step AND x.item = d.item"
+                " AND d.n > %s", (sorted({e.key for e in entries}), REUSE_KEEP))
 
     def reuse_candidates(self, keys: list[str], *, exclude_run: str = "",
                          limit: int = 3) -> dict[str, list[ReuseCandidate]]:
@@ -199,16 +207,15 @@ class PostgresStore(Store):
             if len(found.get(key, [])) < limit:
                 found.setdefault(key, []).append(ReuseCandidate(
                     key, run_id, step, item, attempt, root, (), load_json(result)))
-        out: dict[str, list[ReuseCandidate]] = {}
-        for key, cands in found.items():
-            for c in cands:
-                arts = self._rows(
-                    "SELECT * FROM stockade_artifacts WHERE run_id=%s AND step=%s AND item=%s"
-                    " AND attempt=%s ORDER BY name", (c.run_id, c.step, c.item, c.attempt))
-                out.setdefault(key, []).append(ReuseCandidate(
-                    c.key, c.run_id, c.step, c.item, c.attempt, c.root,
-                    tuple(ArtifactRecord(*a) for a in arts), c.result))
-        return out
+        # The outputs of every indexed item with these keys in one query.
+        outputs: dict[tuple[str, str, int, int], list[ArtifactRecord]] = {}
+        for a in self._rows(
+                "SELECT a.* FROM stockade_reuse_index x JOIN stockade_artifacts a"
+                " ON a.run_id = x.run_id AND a.step = x.step AND a.item = x.item"
+                " AND a.attempt = x.attempt WHERE x.key = ANY(%s) AND x.run_id != %s",
+                (list(keys), exclude_run)):
+            outputs.setdefault((a[0], a[1], a[2], a[3]), []).append(ArtifactRecord(*a))
+        return {k: [with_outputs(c, outputs) for c in cs] for k, cs in found.items()}
 
     # -- attempts and items ------------------------------------------------
 

@@ -29,6 +29,7 @@ from stockade.store._rows import (
     tallies_from_rows,
 )
 from stockade.store.base import (
+    REUSE_KEEP,
     ArtifactRecord,
     AttemptRecord,
     Effect,
@@ -44,6 +45,7 @@ from stockade.store.base import (
     RunRecord,
     StepTally,
     Store,
+    with_outputs,
 )
 
 SCHEMA = """
@@ -298,14 +300,26 @@ class SQLiteStore(Store):
     # -- reuse across runs ---------------------------------------------------
 
     def index_reuse(self, entries: list[ReuseEntry]) -> None:
-        if entries:
-            self._tx([("INSERT OR REPLACE INTO reuse_index VALUES (?,?,?,?,?,?)",
-                       (e.key, e.run_id, e.step, e.item, e.attempt, e.created_at))
-                      for e in entries])
+        if not entries:
+            return
+        stmts: list[tuple[str, tuple[Any, ...]]] = [
+            ("INSERT OR REPLACE INTO reuse_index VALUES (?,?,?,?,?,?)",
+             (e.key, e.run_id, e.step, e.item, e.attempt, e.created_at)) for e in entries]
+        keys = sorted({e.key for e in entries})
+        for chunk in range(0, len(keys), 500):
+            part = keys[chunk:chunk + 500]
+            stmts.append((
+                "DELETE FROM reuse_index WHERE (key, run_id, step, item) IN ("
+                " SELECT key, run_id, step, item FROM (SELECT key, run_id, step, item,"
+                " ROW_NUMBER() OVER (PARTITION BY key ORDER BY created_at DESC) AS n"
+                f" FROM reuse_index WHERE key IN ({','.join('?' * len(part))})) WHERE n > ?)",
+                (*part, REUSE_KEEP)))
+        self._tx(stmts)
 
     def reuse_candidates(self, keys: list[str], *, exclude_run: str = "",
                          limit: int = 3) -> dict[str, list[ReuseCandidate]]:
         found: dict[str, list[ReuseCandidate]] = {}
+        outputs: dict[tuple[str, str, int, int], list[ArtifactRecord]] = {}
         for chunk in range(0, len(keys), 500):
             part = keys[chunk:chunk + 500]
             marks = ",".join("?" * len(part))
@@ -319,13 +333,14 @@ class SQLiteStore(Store):
                 if len(found.get(key, [])) < limit:
                     found.setdefault(key, []).append(ReuseCandidate(
                         key, run_id, step, item, attempt, root, (), load_json(result)))
-        return {k: [self._candidate_outputs(c) for c in cs] for k, cs in found.items()}
-
-    def _candidate_outputs(self, c: ReuseCandidate) -> ReuseCandidate:
-        rows = self._rows("SELECT * FROM artifacts WHERE run_id=? AND step=? AND item=? "
-                          "ORDER BY name", (c.run_id, c.step, c.item))
-        outs = tuple(ArtifactRecord(*r) for r in rows if r[3] == c.attempt)
-        return ReuseCandidate(c.key, c.run_id, c.step, c.item, c.attempt, c.root, outs, c.result)
+            # The outputs of every indexed item with these keys in one query
+            # (one per candidate made 10,000 items take seconds).
+            for a in self._rows(
+                    "SELECT a.* FROM reuse_index x JOIN artifacts a ON a.run_id = x.run_id"
+                    " AND a.step = x.step AND a.item = x.item AND a.attempt = x.attempt"
+                    f" WHERE x.key IN ({marks}) AND x.run_id != ?", (*part, exclude_run)):
+                outputs.setdefault((a[0], a[1], a[2], a[3]), []).append(ArtifactRecord(*a))
+        return {k: [with_outputs(c, outputs) for c in cs] for k, cs in found.items()}
 
     # -- attempts and items ------------------------------------------------
 
