@@ -35,10 +35,14 @@ test: $(BIN)/stockade system-packages
 bench: $(BIN)/stockade
 	$(BIN)/python bench/bench_fanout.py
 	$(BIN)/python bench/bench_sandbox.py
-	$(BIN)/python bench/bench_sandbox.py --engine
+	$(BIN)/python bench/bench_sandbox.py --engine --backend bwrap --backend landlock --backend none
+	$(BIN)/python bench/bench_engine.py
+	$(BIN)/python bench/bench_reuse.py
+	$(BIN)/python bench/bench_inputs.py --size 512M --items 4
 	$(BIN)/python bench/bench_agent.py
 	$(BIN)/python bench/bench_publish.py
 	$(BIN)/python bench/bench_ui.py
+	$(BIN)/python bench/bench_dask.py
 
 clean:
 	rm -rf $(VENV) .stockade .pytest_cache .mypy_cache .ruff_cache
