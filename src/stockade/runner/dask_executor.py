@@ -34,7 +34,7 @@ from urllib.parse import urlparse
 
 from stockade.errors import InfraError, UserError
 from stockade.runner.attempt import Attempt, Outcome
-from stockade.runner.executor import Done, _result, _run
+from stockade.runner.executor import Done, _result, _run, drain
 from stockade.runner.jobs import JobResult, WorkerInfo
 from stockade.runner.remote import Pending, RemoteSettings, build, complete
 from stockade.runner.status import AttemptStatus
@@ -192,21 +192,11 @@ class DaskExecutor:
         self._pool.submit(self._launch, attempt)
 
     def completed(self, timeout: float) -> list[Done]:
-        out: list[Done] = []
-        try:
-            first = self._done.get(timeout=max(0.0, timeout))
-        except Empty:
+        out = drain(self._done, timeout)
+        if out is None:
             self._check_client()
-            return out
-        if first is not None:
-            out.append(first)
-        while True:
-            try:
-                more = self._done.get_nowait()
-            except Empty:
-                return out
-            if more is not None:
-                out.append(more)
+            return []
+        return out
 
     def wake(self) -> None:
         self._done.put(None)

@@ -44,6 +44,23 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+def drain(done: SimpleQueue[Done | None], timeout: float) -> list[Done] | None:
+    """What finished: wait up to ``timeout`` for the first, then take the rest
+    without waiting. None when nothing came in time (a ``wake`` gives ``[]``)."""
+    try:
+        first = done.get(timeout=max(0.0, timeout))
+    except Empty:
+        return None
+    out = [] if first is None else [first]
+    while True:
+        try:
+            more = done.get_nowait()
+        except Empty:
+            return out
+        if more is not None:
+            out.append(more)
+
+
 class LocalExecutor:
     """Attempts on ``slots`` worker threads of this process, each in its own jail."""
 
@@ -57,20 +74,7 @@ class LocalExecutor:
         fut.add_done_callback(lambda f: self._done.put((attempt, _result(attempt, f))))
 
     def completed(self, timeout: float) -> list[Done]:
-        out: list[Done] = []
-        try:
-            first = self._done.get(timeout=max(0.0, timeout))
-        except Empty:
-            return out
-        if first is not None:
-            out.append(first)
-        while True:
-            try:
-                more = self._done.get_nowait()
-            except Empty:
-                return out
-            if more is not None:
-                out.append(more)
+        return drain(self._done, timeout) or []
 
     def wake(self) -> None:
         self._done.put(None)

@@ -70,7 +70,7 @@ from stockade.sandbox._tmp import owned_tmpdir
 from stockade.sandbox.base import Availability, Backend, InputSharing, Running
 from stockade.sandbox.image import RootOp, root_plan
 from stockade.sandbox.image import listing as _image_listing
-from stockade.sandbox.policy import Policy, Resources
+from stockade.sandbox.policy import Policy, Resources, base_rlimits
 
 JAIL_HOME = "/home/stockade"
 JAIL_TMP = "/tmp"
@@ -226,14 +226,7 @@ def image_limits(resources: Resources, *, jail_uid: bool) -> list[tuple[int, int
     has no ``prlimit`` of the host's); the jail inherits them. RLIMIT_NPROC
     only for a jail uid of its own, which has no other process on the host
     (bwrap itself and its pid-namespace init count: two more)."""
-    out = [(resource.RLIMIT_CORE, 0)]
-    for value, which in (
-        (resources.memory_bytes, resource.RLIMIT_AS),
-        (resources.cpu_seconds, resource.RLIMIT_CPU),
-        (resources.file_size_bytes, resource.RLIMIT_FSIZE),
-    ):
-        if value is not None:
-            out.append((which, value))
+    out = base_rlimits(resources)
     if resources.processes is not None and jail_uid:
         out.append((resource.RLIMIT_NPROC, resources.processes + 2))
     return out

@@ -33,7 +33,7 @@ from stockade.sandbox._popen import PopenJail
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox.base import Availability, Backend, Running
 from stockade.sandbox.macos import ulimit_prefix
-from stockade.sandbox.policy import Policy, Resources
+from stockade.sandbox.policy import Policy, Resources, base_rlimits
 
 Launcher = Literal["direct", "helper"]
 
@@ -67,14 +67,7 @@ def rlimits(resources: Resources, *, pids_limited: bool) -> list[tuple[int, int]
     the step's limits. RLIMIT_NPROC counts every process of the engine's uid
     (no user namespace), so it is the current count plus the step's share,
     and only where no pids cgroup holds the exact limit; root is exempt."""
-    out = [(resource.RLIMIT_CORE, 0)]
-    for value, which in (
-        (resources.memory_bytes, resource.RLIMIT_AS),
-        (resources.cpu_seconds, resource.RLIMIT_CPU),
-        (resources.file_size_bytes, resource.RLIMIT_FSIZE),
-    ):
-        if value is not None:
-            out.append((which, value))
+    out = base_rlimits(resources)
     if resources.processes is not None and not pids_limited and os.geteuid() != 0:
         out.append((resource.RLIMIT_NPROC, _count_processes(os.getuid()) + resources.processes))
     return out

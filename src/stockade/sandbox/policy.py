@@ -8,6 +8,7 @@ Imports nothing of stockade but ``stockade.errors``.
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,3 +84,17 @@ class Policy:
     #: agent's already-connected broker socket): nothing in the jail names
     #: them by path. The backend duplicates them; the caller keeps its own.
     pass_fds: tuple[int, ...] = ()
+
+
+def base_rlimits(resources: Resources) -> list[tuple[int, int]]:
+    """No core dumps, and the step's memory, CPU and file-size limits, as
+    ``(RLIMIT_*, value)`` pairs; each backend adds what its jail needs."""
+    out = [(resource.RLIMIT_CORE, 0)]
+    for value, which in (
+        (resources.memory_bytes, resource.RLIMIT_AS),
+        (resources.cpu_seconds, resource.RLIMIT_CPU),
+        (resources.file_size_bytes, resource.RLIMIT_FSIZE),
+    ):
+        if value is not None:
+            out.append((which, value))
+    return out
