@@ -53,7 +53,7 @@ from stockade.workspace.layout import RunDir
 from stockade.workspace.records import InputRecord, OutputRecord, Provenance, SandboxUse
 
 #: Bump when what goes into a key changes: every earlier key stops matching.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 KEY_FILE = "reuse.key"
 #: ioctl(FICLONE): a copy-on-write clone on btrfs, XFS and others.
 FICLONE = 0x40049409
@@ -129,19 +129,54 @@ class KeyParts:
 
 
 def item_key(parts: KeyParts, hmac_key: bytes) -> str:
-    blob = {
-        "format": CACHE_FORMAT,
-        "kind": parts.kind,
+    static = _dumps({"format": CACHE_FORMAT, "kind": parts.kind,
+                     "outputs": sorted(parts.outputs), "sandbox": parts.sandbox})
+    return _item_key(static, parts, hmac_key)
+
+
+def _item_key(static: str, parts: KeyParts, hmac_key: bytes) -> str:
+    """The key: a sha256 over the step's fixed part (``static``: format, kind,
+    outputs, sandbox, the same for all its items) and the item's own."""
+    own = _dumps({
         "action": parts.action,
         "inputs": sorted((i.name, i.sha256) for i in parts.inputs),
-        "env": dict(sorted(parts.env.items())),
+        "env": parts.env,
         "secrets": {n: hmac.new(hmac_key, v.encode(), hashlib.sha256).hexdigest()
-                    for n, v in sorted(parts.secrets.items())},
-        "outputs": sorted(parts.outputs),
-        "sandbox": parts.sandbox,
+                    for n, v in parts.secrets.items()},
+    })
+    return hashlib.sha256(f"{static}\n{own}".encode()).hexdigest()
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+
+
+#: Per step object: the step's fixed part of every item key (the sandbox and
+#: its toolchain do not change during a run); keyed by id, checked by identity.
+_STATIC: dict[int, tuple[Step, object, str]] = {}
+
+
+def _static_part(attempt: Attempt) -> str:
+    step, run = attempt.step, attempt.run
+    hit = _STATIC.get(id(step))
+    if hit is not None and hit[0] is step and hit[1] is run:
+        return hit[2]
+    backend = run.backend.name if step.isolate else run.none_backend.name
+    sandbox = {
+        "backend": backend, "enforced": run.enforced and step.isolate, "isolate": step.isolate,
+        "network": step.network, "resources": step.resources.model_dump(),
     }
-    text = json.dumps(blob, sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    toolchain = run.toolchains.get(step.id)
+    if toolchain:
+        # Each mount's fingerprint and the image's digest (absent without any,
+        # so the keys of steps without a toolchain stay as they were).
+        sandbox["toolchain"] = toolchain.key()
+    static = _dumps({"format": CACHE_FORMAT, "kind": step.kind,
+                     "outputs": sorted(step.outputs), "sandbox": sandbox})
+    if len(_STATIC) > 256:  # a process that starts many runs (tests) keeps only recent ones
+        _STATIC.clear()
+    _STATIC[id(step)] = (step, run, static)
+    return static
 
 
 def key_for(attempt: Attempt, inputs: Sequence[tuple[str, str]], env: Mapping[str, str],
@@ -156,23 +191,13 @@ def key_for(attempt: Attempt, inputs: Sequence[tuple[str, str]], env: Mapping[st
     plain = {k: v for k, v in env.items()
              if not k.startswith("STOCKADE_") and k not in secret_names
              and k not in ("HOME", "TMPDIR")}
-    backend = run.backend.name if step.isolate else run.none_backend.name
-    sandbox = {
-        "backend": backend, "enforced": run.enforced and step.isolate, "isolate": step.isolate,
-        "network": step.network, "resources": step.resources.model_dump(),
-    }
-    toolchain = run.toolchains.get(step.id)
-    if toolchain:
-        # Each mount's fingerprint and the image's digest (absent without any,
-        # so the keys of steps without a toolchain stay as they were).
-        sandbox["toolchain"] = toolchain.key()
     parts = KeyParts(
         kind=step.kind, action=action,
         inputs=[InputDigest(n, h, 0, {}) for n, h in inputs], env=plain,
         secrets={n: env[n] for n in secret_names if n in env},
-        outputs=list(step.outputs), sandbox=sandbox,
+        outputs=list(step.outputs), sandbox={},
     )
-    return item_key(parts, run.reuse_secret)
+    return _item_key(_static_part(attempt), parts, run.reuse_secret)
 
 
 def verified(candidate: ReuseCandidate) -> bool:
