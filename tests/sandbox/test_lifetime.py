@@ -25,6 +25,7 @@ import pytest
 
 from stockade.errors import InfraError
 from stockade.sandbox import Backend, Running, _cgroup, _direct, _lifetime
+from tests.nobody import AS_NOBODY, need_nobody, readable_package
 from tests.sandbox.conftest import World, needs_c_launcher
 from tests.sandbox.lifetime_helpers import (
     ALL_BACKENDS,
@@ -204,34 +205,33 @@ time.sleep(1000)
 def test_an_unprivileged_engines_jails_die_with_it(tmp_path: Path) -> None:
     # An ordinary user cannot make cgroups without delegation: process
     # groups and the watchdog must do. (As root, the engine runs as nobody.)
-    if not os.path.exists("/usr/bin/python3") or not shutil.which("setpriv"):
-        pytest.skip("needs /usr/bin/python3 and setpriv to start an engine as nobody")
+    need_nobody()
     marker = secrets.token_hex(8)
     scratch = Path(tempfile.mkdtemp(prefix="stockade-nonroot-"))
     scratch.chmod(0o777)
-    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    src = Path(__file__).resolve().parents[2] / "src"
-    engine = subprocess.Popen(
-        [*(as_nobody if os.geteuid() == 0 else []), "/usr/bin/python3", "-I", "-c",
-         UNPRIVILEGED_ENGINE, str(src), str(scratch), marker],
-        env={"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch)},
-        cwd=scratch, stdout=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        assert engine.stdout is not None
-        report = json.loads(engine.stdout.readline())
-        if os.geteuid() == 0:
-            assert report["mechanism"] == "pgroup", report  # nobody has no delegated cgroup
-        await_(lambda: len(marked(marker, "sleep")) >= 6, "three jails' sleeps")
-        engine.send_signal(signal.SIGKILL)
-        engine.wait(10)
-        await_(lambda: not marked(marker), "the jails to end with their engine", timeout=10)
-    finally:
-        if engine.poll() is None:
-            engine.kill()
-            engine.wait()
-        kill_marked(marker)
-        shutil.rmtree(scratch, ignore_errors=True)
+    # A copy nobody can import: the checkout may be in a private (0700) folder.
+    with readable_package() as src:
+        engine = subprocess.Popen(
+            [*(AS_NOBODY if os.geteuid() == 0 else []), "/usr/bin/python3", "-I", "-c",
+             UNPRIVILEGED_ENGINE, str(src), str(scratch), marker],
+            env={"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch)},
+            cwd=scratch, stdout=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        try:
+            assert engine.stdout is not None
+            report = json.loads(engine.stdout.readline())
+            if os.geteuid() == 0:
+                assert report["mechanism"] == "pgroup", report  # nobody has no delegated cgroup
+            await_(lambda: len(marked(marker, "sleep")) >= 6, "three jails' sleeps")
+            engine.send_signal(signal.SIGKILL)
+            engine.wait(10)
+            await_(lambda: not marked(marker), "the jails to end with their engine", timeout=10)
+        finally:
+            if engine.poll() is None:
+                engine.kill()
+                engine.wait()
+            kill_marked(marker)
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _v2_cgroup_of(pid: int) -> str:

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.nobody import AS_NOBODY, need_nobody, readable_package
+
 pytestmark = pytest.mark.sandbox
 
-SRC = Path(__file__).resolve().parents[2] / "src"
 
 SCRIPT = """
 import json, os, sys, tempfile
@@ -53,27 +54,18 @@ print(json.dumps(out))
 
 
 def test_backends_work_for_an_unprivileged_engine() -> None:
-    if not os.path.exists("/usr/bin/python3") or not shutil.which("setpriv"):
-        pytest.skip("needs /usr/bin/python3 and setpriv to start an engine as nobody")
+    need_nobody()
     scratch = Path(tempfile.mkdtemp(prefix="stockade-nonroot-"))
     scratch.chmod(0o777)
-    src = Path(tempfile.mkdtemp(prefix="stockade-nonroot-src-"))
     try:
-        shutil.copytree(SRC / "stockade", src / "stockade",
-                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
-        for folder, _dirs, files in os.walk(src):
-            os.chmod(folder, 0o755)
-            for f in files:
-                os.chmod(os.path.join(folder, f), 0o755 if f.endswith(".so") else 0o644)
-        p = subprocess.run(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-             "/usr/bin/python3", "-I", "-c", SCRIPT, str(src), str(scratch)],
-            env={"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch)},
-            cwd=scratch, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+        with readable_package() as src:
+            p = subprocess.run(
+                [*AS_NOBODY, "/usr/bin/python3", "-I", "-c", SCRIPT, str(src), str(scratch)],
+                env={"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch)},
+                cwd=scratch, capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-        shutil.rmtree(src, ignore_errors=True)
     assert p.returncode == 0, p.stderr
     result = json.loads(p.stdout.splitlines()[-1])
     for name in ("bwrap", "landlock"):
@@ -132,27 +124,18 @@ def test_toolchains_and_shared_inputs_for_an_unprivileged_engine() -> None:
     """bwrap binds a large input read-only; landlock (the jail keeps the
     engine's uid, which owns the artifact) copies it. Neither jail changes
     the artifact or the mounted toolchain."""
-    if not os.path.exists("/usr/bin/python3") or not shutil.which("setpriv"):
-        pytest.skip("needs /usr/bin/python3 and setpriv to start an engine as nobody")
+    need_nobody()
     scratch = Path(tempfile.mkdtemp(prefix="stockade-nonroot-"))
     scratch.chmod(0o777)
-    src = Path(tempfile.mkdtemp(prefix="stockade-nonroot-src-"))
     try:
-        shutil.copytree(SRC / "stockade", src / "stockade",
-                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
-        for folder, _dirs, files in os.walk(src):
-            os.chmod(folder, 0o755)
-            for f in files:
-                os.chmod(os.path.join(folder, f), 0o755 if f.endswith(".so") else 0o644)
-        p = subprocess.run(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-             "/usr/bin/python3", "-I", "-c", SHARED_SCRIPT, str(src), str(scratch)],
-            env={"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch)},
-            cwd=scratch, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+        with readable_package() as src:
+            p = subprocess.run(
+                [*AS_NOBODY, "/usr/bin/python3", "-I", "-c", SHARED_SCRIPT, str(src), str(scratch)],
+                env={"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch)},
+                cwd=scratch, capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-        shutil.rmtree(src, ignore_errors=True)
     assert p.returncode == 0, p.stderr
     result = json.loads(p.stdout.splitlines()[-1])
     assert (result["bwrap"]["sharing"], result["bwrap"]["shared"]) == ("bind", "bind")
@@ -186,32 +169,24 @@ b.close()
 def test_an_image_root_for_an_unprivileged_engine() -> None:
     from tests.images import busybox_rootfs
 
-    if not os.path.exists("/usr/bin/python3") or not shutil.which("setpriv"):
-        pytest.skip("needs /usr/bin/python3 and setpriv to start an engine as nobody")
+    need_nobody()
     scratch = Path(tempfile.mkdtemp(prefix="stockade-nonroot-"))
     scratch.chmod(0o777)
-    src = Path(tempfile.mkdtemp(prefix="stockade-nonroot-src-"))
     try:
         rootfs = busybox_rootfs(scratch / "rootfs", applets=["cat", "id", "touch"])
         (rootfs / "etc" / "passwd").write_text("image-passwd:x:0:0::/:/bin/sh\n")
         for folder, _dirs, _files in os.walk(scratch):
             os.chmod(folder, 0o755)
-        shutil.copytree(SRC / "stockade", src / "stockade",
-                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
-        for folder, _dirs, files in os.walk(src):
-            os.chmod(folder, 0o755)
-            for f in files:
-                os.chmod(os.path.join(folder, f), 0o755 if f.endswith(".so") else 0o644)
         scratch.chmod(0o777)
-        p = subprocess.run(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-             "/usr/bin/python3", "-I", "-c", IMAGE_SCRIPT, str(src), str(scratch), str(rootfs)],
-            env={"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch)},
-            cwd=scratch, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+        with readable_package() as src:
+            p = subprocess.run(
+                [*AS_NOBODY, "/usr/bin/python3", "-I", "-c", IMAGE_SCRIPT, str(src), str(scratch),
+                 str(rootfs)],
+                env={"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch)},
+                cwd=scratch, capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-        shutil.rmtree(src, ignore_errors=True)
     assert p.returncode == 0, p.stderr
     result = json.loads(p.stdout.splitlines()[-1])
     assert result["status"] == 0, result
