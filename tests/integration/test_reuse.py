@@ -112,6 +112,21 @@ def test_a_tampered_earlier_output_is_never_reused(project: Project) -> None:
     assert got["total"] == ["t1"]
 
 
+def test_when_the_newest_earlier_item_is_tampered_an_older_one_is_taken(
+        project: Project) -> None:
+    wf = _project(project, [1, 2, 3])
+    assert project.run("run", str(wf), "--run-id", "o1").code == 0
+    assert project.run("run", str(wf), "--run-id", "o2", "--no-reuse").code == 0
+    target = project.item("o2", "square", 1) / "work/out/sq.txt"
+    os.chmod(target, 0o644)
+    target.write_text("5")
+    r = project.run("run", str(wf), "--run-id", "o3", "--reuse")
+    assert r.code == 0, r.err
+    got = _reused(project, "o3")
+    assert got["square"] == ["o2", "o1", "o2"]
+    assert (project.item("o3", "square", 1) / "work/out/sq.txt").read_text() == "4"
+
+
 def test_top_level_reuse_is_the_default_and_no_reuse_turns_it_off(project: Project) -> None:
     wf = _project(project, [2], extra="reuse: true")
     assert project.run("run", str(wf), "--run-id", "d1").code == 0

@@ -328,7 +328,10 @@ def lookup(attempts: Sequence[Attempt], store: Store, run_id: str) -> list[Keyed
         out.append(Keyed(key_for(attempt, [(d.name, d.sha256) for d in digests], env, action),
                          digests))
     by_key = {k.key: k for k in out if k.key}
-    for key, cands in store.reuse_candidates(list(by_key), exclude_run=run_id).items():
+    # The newest candidate per key: almost always the one taken (``take``
+    # asks for older ones only when it no longer verifies).
+    for key, cands in store.reuse_candidates(list(by_key), exclude_run=run_id,
+                                             limit=1).items():
         by_key[key].candidates = cands
     return out
 
@@ -337,6 +340,12 @@ def take(attempt: Attempt, keyed: Keyed, now: float) -> Outcome | None:
     """The item's outcome taken from the newest earlier item that still verifies, with its
     outputs placed in this run; None when none does (the item runs)."""
     chosen = decide(keyed.candidates)
+    if chosen is None and keyed.key is not None:
+        # The newest no longer verifies (tampered, removed): try the older ones.
+        tried = {(c.run_id, c.step, c.item) for c in keyed.candidates}
+        older = attempt.run.store.reuse_candidates(
+            [keyed.key], exclude_run=attempt.run.run_id).get(keyed.key, [])
+        chosen = decide([c for c in older if (c.run_id, c.step, c.item) not in tried])
     if chosen is None:
         return None
     record = place(attempt, chosen, keyed.digests, now)
