@@ -128,6 +128,9 @@ class RunContext:
     locate: Callable[[str, tuple[str | int, ...]], str] = lambda step, path: step
     #: Each ``run:`` step's mounts and image on this machine (``runner.toolchains``).
     toolchains: Mapping[str, Toolchain] = field(default_factory=dict)
+    #: Per step id, the step's fixed part of every reuse key (``runner.reuse``):
+    #: the sandbox and toolchain do not change during a run.
+    key_statics: dict[str, str] = field(default_factory=dict)
 
     @property
     def cancelled(self) -> bool:

@@ -151,16 +151,11 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
 
 
-#: Per step object: the step's fixed part of every item key (the sandbox and
-#: its toolchain do not change during a run); keyed by id, checked by identity.
-_STATIC: dict[int, tuple[Step, object, str]] = {}
-
-
 def _static_part(attempt: Attempt) -> str:
     step, run = attempt.step, attempt.run
-    hit = _STATIC.get(id(step))
-    if hit is not None and hit[0] is step and hit[1] is run:
-        return hit[2]
+    hit = run.key_statics.get(step.id)
+    if hit is not None:
+        return hit
     backend = run.backend.name if step.isolate else run.none_backend.name
     sandbox = {
         "backend": backend, "enforced": run.enforced and step.isolate, "isolate": step.isolate,
@@ -173,9 +168,7 @@ def _static_part(attempt: Attempt) -> str:
         sandbox["toolchain"] = toolchain.key()
     static = _dumps({"format": CACHE_FORMAT, "kind": step.kind,
                      "outputs": sorted(step.outputs), "sandbox": sandbox})
-    if len(_STATIC) > 256:  # a process that starts many runs (tests) keeps only recent ones
-        _STATIC.clear()
-    _STATIC[id(step)] = (step, run, static)
+    run.key_statics[step.id] = static
     return static
 
 
