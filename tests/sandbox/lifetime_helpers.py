@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -91,3 +93,19 @@ def pinned_lifetime(mode: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[_lif
         yield lt
     finally:
         lt.close()
+
+
+def kill_engine_and_expect_jails_gone(engine: subprocess.Popen[str], marker: str,
+                                      sleeps: int, what: str) -> None:
+    """Wait until ``sleeps`` of the engine's jailed ``sleep`` processes run, SIGKILL
+    the engine, and require every marked process gone within 10 s; clean up after."""
+    try:
+        await_(lambda: len(marked(marker, "sleep")) >= sleeps, what)
+        engine.send_signal(signal.SIGKILL)
+        engine.wait(10)
+        await_(lambda: not marked(marker), "the jails to end with their engine", timeout=10)
+    finally:
+        if engine.poll() is None:
+            engine.kill()
+            engine.wait()
+        kill_marked(marker)

@@ -30,6 +30,7 @@ from tests.sandbox.conftest import World, needs_c_launcher
 from tests.sandbox.lifetime_helpers import (
     ALL_BACKENDS,
     await_,
+    kill_engine_and_expect_jails_gone,
     kill_marked,
     marked,
     pick_backend,
@@ -172,18 +173,10 @@ time.sleep(1000)
         [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(root / "src")}, start_new_session=True,
     )  # fmt: skip
-    try:
-        assert engine.stdout is not None
-        assert engine.stdout.readline().strip() == "started"
-        await_(lambda: len(marked(marker, "sleep")) >= 4, "both jails' sleeps")
-        engine.send_signal(signal.SIGKILL)
-        engine.wait(10)
-        await_(lambda: not marked(marker), "the jails to end with their engine", timeout=10)
-    finally:
-        if engine.poll() is None:
-            engine.kill()
-            engine.wait()
-        kill_marked(marker)
+    assert engine.stdout is not None
+    started = engine.stdout.readline().strip()
+    kill_engine_and_expect_jails_gone(engine, marker, 4, "both jails' sleeps")
+    assert started == "started"
 
 
 UNPRIVILEGED_ENGINE = """
@@ -219,19 +212,13 @@ def test_an_unprivileged_engines_jails_die_with_it(tmp_path: Path) -> None:
         )  # fmt: skip
         try:
             assert engine.stdout is not None
-            report = json.loads(engine.stdout.readline())
-            if os.geteuid() == 0:
-                assert report["mechanism"] == "pgroup", report  # nobody has no delegated cgroup
-            await_(lambda: len(marked(marker, "sleep")) >= 6, "three jails' sleeps")
-            engine.send_signal(signal.SIGKILL)
-            engine.wait(10)
-            await_(lambda: not marked(marker), "the jails to end with their engine", timeout=10)
+            line = engine.stdout.readline()
+            kill_engine_and_expect_jails_gone(engine, marker, 6, "three jails' sleeps")
         finally:
-            if engine.poll() is None:
-                engine.kill()
-                engine.wait()
-            kill_marked(marker)
             shutil.rmtree(scratch, ignore_errors=True)
+    report = json.loads(line)
+    if os.geteuid() == 0:
+        assert report["mechanism"] == "pgroup", report  # nobody has no delegated cgroup
 
 
 def _v2_cgroup_of(pid: int) -> str:
