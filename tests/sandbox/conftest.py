@@ -15,6 +15,7 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,6 +131,24 @@ def _canary_file(path: Path, canary: str, *, own_parent: bool = True) -> None:
         _open_dir(path.parent)
     path.write_text(f"{canary}\n")
     path.chmod(0o666)
+
+
+@contextmanager
+def placed_world(backend: Backend, placement: str, tmp_path: Path,
+                 prefix: str) -> Iterator[World]:
+    """A world in a world-readable folder (``open``) or below a 0700 one
+    (``private``: pytest's tmp_path), removed afterwards."""
+    if placement == "private":
+        base = tmp_path / "run"
+        base.mkdir()
+    else:
+        base = Path(tempfile.mkdtemp(prefix=prefix))
+    w = make_world(backend, base)
+    try:
+        yield w
+    finally:
+        w.host_tmp.unlink(missing_ok=True)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def make_world(backend: Backend, base: Path) -> World:

@@ -24,7 +24,7 @@ from typing import IO
 import pytest
 
 from stockade.sandbox import Backend, Running, _lifetime, _uids
-from tests.sandbox.conftest import World, available_backend, jail_ids, make_world
+from tests.sandbox.conftest import World, available_backend, jail_ids, make_world, placed_world
 
 pytestmark = pytest.mark.sandbox
 
@@ -80,17 +80,8 @@ def hold(w: World, name: str, env: dict[str, str] | None = None) -> Held:
 def fresh(request: pytest.FixtureRequest, backend: Backend, tmp_path: Path) -> Iterator[World]:
     """A world whose jails lease their uids as in a real run (nothing pinned),
     in a world-readable folder or below a 0700 one (pytest's tmp_path)."""
-    if request.param == "private":
-        base = tmp_path / "run"
-        base.mkdir()
-    else:
-        base = Path(tempfile.mkdtemp(prefix="stockade-uids-"))
-    w = make_world(backend, base)
-    try:
+    with placed_world(backend, request.param, tmp_path, "stockade-uids-") as w:
         yield w
-    finally:
-        w.host_tmp.unlink(missing_ok=True)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def read_environs_as_nobody() -> str:

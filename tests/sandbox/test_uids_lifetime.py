@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import socket
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import pytest
 
 from stockade.sandbox import Backend, _lifetime, _uids
 from stockade.sandbox.none import NoneBackend
-from tests.sandbox.conftest import World, make_world
+from tests.sandbox.conftest import World, make_world, placed_world
 from tests.sandbox.lifetime_helpers import await_, marked, pinned_lifetime
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="jail uids are a root engine's")
@@ -41,17 +39,8 @@ def lifetime(
 def place(request: pytest.FixtureRequest, backend: Backend, tmp_path: Path) -> Iterator[World]:
     """A world whose jails lease their uids as in a real run, in a
     world-readable folder or below a 0700 one (pytest's tmp_path)."""
-    if request.param == "private":
-        base = tmp_path / "run"
-        base.mkdir()
-    else:
-        base = Path(tempfile.mkdtemp(prefix="stockade-uids-lifetime-"))
-    w = make_world(backend, base)
-    try:
+    with placed_world(backend, request.param, tmp_path, "stockade-uids-lifetime-") as w:
         yield w
-    finally:
-        w.host_tmp.unlink(missing_ok=True)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _cgroup_line(pid: int, lifetime: _lifetime.Lifetime) -> str:
