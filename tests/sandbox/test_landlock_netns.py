@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import http.server
 import json
 import secrets
 import socket
 import struct
-import threading
-from collections.abc import Iterator
 
 import pytest
 
@@ -81,31 +78,6 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     return available_backend(request, request.param)
 
 
-class _Allowed(http.server.BaseHTTPRequestHandler):
-    hits: list[str]
-
-    def do_GET(self) -> None:
-        self.hits.append(self.path)
-        body = b"allowed-content"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def allowed() -> Iterator[tuple[int, list[str]]]:
-    hits: list[str] = []
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("A", (_Allowed,), {"hits": hits}))
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield int(srv.server_address[1]), hits
-    srv.shutdown()
-    srv.server_close()
-
-
 def host_address() -> str:
     """An IPv4 address of one of the host's non-loopback interfaces."""
     SIOCGIFADDR = 0x8915
@@ -154,13 +126,13 @@ def _attack(world: World, aport: int, *, netns: bool) -> tuple[str, dict[str, Ca
 
 @pytest.mark.parametrize("netns", [True, False], ids=["own-netns", "control-host-stack"])
 def test_proxy_jail_reaches_only_its_relay(
-    world: World, allowed: tuple[int, list[str]], monkeypatch: pytest.MonkeyPatch, netns: bool
+    world: World, allowed_server: tuple[int, list[str]], monkeypatch: pytest.MonkeyPatch, netns: bool
 ) -> None:
     backend = world.backend
     assert isinstance(backend, LandlockBackend)
     assert backend.network_gaps("proxy") == (), "a root engine makes the namespace"
     monkeypatch.setattr(backend, "private_network", netns)
-    aport, hits = allowed
+    aport, hits = allowed_server
     out, canaries, token = _attack(world, aport, netns=netns)
     # The relay without the credential: the proxy refuses (both ways).
     assert "bare HTTP/1.1 407 Proxy Authentication Required" in out, out

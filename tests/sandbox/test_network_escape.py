@@ -17,7 +17,6 @@ network namespace of its own) and through the proxy's unix socket.
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import os
 import secrets
@@ -349,31 +348,6 @@ def test_control_listen_serves_the_host_without_a_sandbox(none_world: World) -> 
     finally:
         _finish(running)
     assert served == marker.encode() + b" served\n", out_path.read_text()
-
-
-class _Allowed(http.server.BaseHTTPRequestHandler):
-    hits: list[str]
-
-    def do_GET(self) -> None:
-        self.hits.append(self.path)
-        body = b"allowed-content"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def allowed_server() -> Iterator[tuple[int, list[str]]]:
-    hits: list[str] = []
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("A", (_Allowed,), {"hits": hits}))
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield int(srv.server_address[1]), hits
-    srv.shutdown()
-    srv.server_close()
 
 
 #: Another local user's client: ``CLIENT KIND WHERE REQUEST_HOSTPORT [URL]``.
