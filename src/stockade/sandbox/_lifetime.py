@@ -102,10 +102,6 @@ class JailGroup:
         return self._leaf.dir_fd if self._leaf is not None else -1
 
     @property
-    def memory_limited(self) -> bool:
-        return self._leaf is not None and self._leaf.memory
-
-    @property
     def pids_limited(self) -> bool:
         return self._leaf is not None and self._leaf.pids
 
@@ -301,7 +297,7 @@ class Lifetime:
 
     def open(self, *, memory_bytes: int | None = None, processes: int | None = None) -> JailGroup:
         """What the next jail joins; its memory/processes limits where a
-        controller can hold them (see ``JailGroup.memory_limited``)."""
+        controller can hold them (``JailGroup.pids_limited``: the processes one)."""
         self._setup()
         leaf = None
         if self._tree is not None:

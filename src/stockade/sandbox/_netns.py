@@ -42,9 +42,8 @@ class PrivateNet:
 
     #: An ``O_RDONLY`` fd of ``/proc/thread-self/ns/net`` (for ``setns``).
     fd: int
-    #: Listening on 127.0.0.1:``port`` inside the namespace.
+    #: Listening on 127.0.0.1 (any port) inside the namespace.
     listener: socket.socket
-    port: int
 
     def close(self) -> None:
         """Close the namespace fd (the listener belongs to whoever serves it)."""
@@ -69,7 +68,7 @@ def _lo_up() -> None:
         s.close()
 
 
-def _make(port: int) -> PrivateNet:
+def _make() -> PrivateNet:
     """On a thread that ends right after: the namespace, ``lo`` up, the listener."""
     if _libc().unshare(CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
@@ -77,24 +76,24 @@ def _make(port: int) -> PrivateNet:
     _lo_up()
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        listener.bind(("127.0.0.1", port))
+        listener.bind(("127.0.0.1", 0))
         listener.listen(64)
         fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     except BaseException:
         listener.close()
         raise
-    return PrivateNet(fd, listener, int(listener.getsockname()[1]))
+    return PrivateNet(fd, listener)
 
 
-def create(port: int = 0) -> PrivateNet:
+def create() -> PrivateNet:
     """A fresh network namespace with only ``lo`` up and a listener on
-    127.0.0.1:``port`` (0: any) in it. Raises ``OSError`` when the engine
+    127.0.0.1 (any port) in it. Raises ``OSError`` when the engine
     may not make one."""
     result: list[PrivateNet | BaseException] = []
 
     def run() -> None:
         try:
-            result.append(_make(port))
+            result.append(_make())
         except BaseException as e:  # handed to the caller
             result.append(e)
 
