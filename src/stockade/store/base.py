@@ -97,6 +97,15 @@ def add_usage(total: dict[str, int], more: Mapping[str, int]) -> dict[str, int]:
 REUSE_KEEP = 4
 
 
+def outputs_by_attempt(rows: Iterable[Sequence[Any]]
+                       ) -> dict[tuple[str, str, int, int], list[ArtifactRecord]]:
+    """Artifact rows (in column order) grouped by run, step, item and attempt."""
+    out: dict[tuple[str, str, int, int], list[ArtifactRecord]] = {}
+    for a in rows:
+        out.setdefault((a[0], a[1], a[2], a[3]), []).append(ArtifactRecord(*a))
+    return out
+
+
 def with_outputs(c: ReuseCandidate,
                  outputs: Mapping[tuple[str, str, int, int], list[ArtifactRecord]]
                  ) -> ReuseCandidate:

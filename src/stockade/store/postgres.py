@@ -50,6 +50,7 @@ from stockade.store.base import (
     RunRecord,
     StepTally,
     Store,
+    outputs_by_attempt,
     with_outputs,
 )
 from stockade.store.pg_schema import SCHEMA
@@ -208,13 +209,11 @@ class PostgresStore(Store):
                 found.setdefault(key, []).append(ReuseCandidate(
                     key, run_id, step, item, attempt, root, (), load_json(result)))
         # The outputs of every indexed item with these keys in one query.
-        outputs: dict[tuple[str, str, int, int], list[ArtifactRecord]] = {}
-        for a in self._rows(
-                "SELECT a.* FROM stockade_reuse_index x JOIN stockade_artifacts a"
-                " ON a.run_id = x.run_id AND a.step = x.step AND a.item = x.item"
-                " AND a.attempt = x.attempt WHERE x.key = ANY(%s) AND x.run_id != %s",
-                (list(keys), exclude_run)):
-            outputs.setdefault((a[0], a[1], a[2], a[3]), []).append(ArtifactRecord(*a))
+        outputs = outputs_by_attempt(self._rows(
+            "SELECT a.* FROM stockade_reuse_index x JOIN stockade_artifacts a"
+            " ON a.run_id = x.run_id AND a.step = x.step AND a.item = x.item"
+            " AND a.attempt = x.attempt WHERE x.key = ANY(%s) AND x.run_id != %s",
+            (list(keys), exclude_run)))
         return {k: [with_outputs(c, outputs) for c in cs] for k, cs in found.items()}
 
     # -- attempts and items ------------------------------------------------

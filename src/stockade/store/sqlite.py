@@ -45,6 +45,7 @@ from stockade.store.base import (
     RunRecord,
     StepTally,
     Store,
+    outputs_by_attempt,
     with_outputs,
 )
 
@@ -335,11 +336,10 @@ class SQLiteStore(Store):
                         key, run_id, step, item, attempt, root, (), load_json(result)))
             # The outputs of every indexed item with these keys in one query
             # (one per candidate made 10,000 items take seconds).
-            for a in self._rows(
-                    "SELECT a.* FROM reuse_index x JOIN artifacts a ON a.run_id = x.run_id"
-                    " AND a.step = x.step AND a.item = x.item AND a.attempt = x.attempt"
-                    f" WHERE x.key IN ({marks}) AND x.run_id != ?", (*part, exclude_run)):
-                outputs.setdefault((a[0], a[1], a[2], a[3]), []).append(ArtifactRecord(*a))
+            outputs.update(outputs_by_attempt(self._rows(
+                "SELECT a.* FROM reuse_index x JOIN artifacts a ON a.run_id = x.run_id"
+                " AND a.step = x.step AND a.item = x.item AND a.attempt = x.attempt"
+                f" WHERE x.key IN ({marks}) AND x.run_id != ?", (*part, exclude_run))))
         return {k: [with_outputs(c, outputs) for c in cs] for k, cs in found.items()}
 
     # -- attempts and items ------------------------------------------------
