@@ -144,5 +144,6 @@ steps:
     assert r.code == 0, r.err
     lines = (project.root / "runs" / r.json()["run_id"] / "look" / "0" / "meta" / "1.out") \
         .read_text().splitlines()
+    assert len(lines) == 3, lines  # HOME, TMPDIR and the cwd were printed
     assert all(line.startswith(str(dask_cluster.base)) for line in lines), lines
     assert not any(str(project.path) in line for line in lines)
