@@ -39,7 +39,10 @@ def test_two_engines_share_a_postgres_store_and_a_cluster(
         p.root = p.path / ".stockade"
         p.env.update(STOCKADE_HOME=str(p.root), STOCKADE_STORE=pg_url)
         p.env.pop("STOCKADE_SANDBOX", None)
-        p.write("wf.yaml", WORKFLOW.replace('  who: ""', f'  who: ""\n  sink: "{sink}"'))
+        # One workflow name each: the same name would share one publish lease,
+        # and whichever run started first would be fenced if it published last.
+        p.write("wf.yaml", WORKFLOW.replace("name: shared", f"name: shared-{who}")
+                .replace('  who: ""', f'  who: ""\n  sink: "{sink}"'))
         engines.append((who, p, p.popen("run", "wf.yaml", "--executor", dask_cluster.url,
                                         "--var", f"who={who}", "--json")))
     runs = {}
