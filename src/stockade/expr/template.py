@@ -231,9 +231,7 @@ def render(
     if not t.is_template:
         return t.source
     values: dict[str, Any] = dict(ctx)
-    values.update(BUILTIN_FUNCTIONS)
-    values.update(functions)
-    values[ALLOWED_KEY] = frozenset(id(f) for f in (*BUILTIN_FUNCTIONS.values(), *functions.values()))
+    values.update(_globals(functions))
     token = new_weigher()
     try:
         if t.whole and not shell:
@@ -269,6 +267,26 @@ def render(
         raise RenderError(f"{type(exc).__name__}: {exc}") from None
     finally:
         reset_weigher(token)
+
+
+#: The functions a template may call and the ids the sandbox allows, per
+#: ``functions`` mapping: a run renders thousands of templates with the same one.
+_GLOBALS: dict[int, tuple[Mapping[str, Callable[..., Any]], dict[str, Any]]] = {}
+
+
+def _globals(functions: Mapping[str, Callable[..., Any]]) -> dict[str, Any]:
+    hit = _GLOBALS.get(id(functions))
+    # The mapping itself is kept in the entry, so its id cannot be reused by
+    # another while cached; a mapping changed since is recomputed.
+    if hit is not None and hit[0] is functions and len(hit[1]) == len(functions) + len(
+            BUILTIN_FUNCTIONS) + 1 and all(hit[1].get(k) is v for k, v in functions.items()):
+        return hit[1]
+    values: dict[str, Any] = {**BUILTIN_FUNCTIONS, **functions}
+    values[ALLOWED_KEY] = frozenset(id(f) for f in values.values())
+    if len(_GLOBALS) > 64:
+        _GLOBALS.clear()
+    _GLOBALS[id(functions)] = (functions, values)
+    return values
 
 
 def _undefined_message(exc: UndefinedError) -> str:

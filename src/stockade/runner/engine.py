@@ -326,7 +326,9 @@ class Engine:
     def _find_reusable(self, sr: _StepRun, done: set[int]) -> None:
         """Key every item that is not kept already and look the keys up in one go."""
         t0 = time.perf_counter()
-        todo = [(it, self._attempt(sr.step, it, 1)) for it in sr.items if it.index not in done]
+        # Keying reads no folder: the attempts skip building their paths.
+        todo = [(it, self._attempt(sr.step, it, 1, dirs=False)) for it in sr.items
+                if it.index not in done]
         found = lookup([a for _, a in todo], self.store, self.run.run_id)
         for (it, _), keyed in zip(todo, found, strict=True):
             it.reuse = keyed
@@ -384,13 +386,13 @@ class Engine:
 
     # -- attempts -------------------------------------------------------------------
 
-    def _attempt(self, step: Step, it: _Item, try_: int) -> Attempt:
+    def _attempt(self, step: Step, it: _Item, try_: int, *, dirs: bool = True) -> Attempt:
         # An inline step (keep:) has no folder: building its paths was a fifth
         # of the cost of a keep item.
-        dirs = _NO_DIRS if is_inline(step) else self.run.item(step.id, it.index)
         return Attempt(
             run=self.ctx, step=step, item=ItemRef(step.id, it.index, it.key), value=it.value,
-            number=it.base + try_, dirs=dirs,
+            number=it.base + try_,
+            dirs=self.run.item(step.id, it.index) if dirs and not is_inline(step) else _NO_DIRS,
             context=self.context(step, it.value, with_item=step.for_each is not None),
         )
 

@@ -115,38 +115,6 @@ def input_digest(name: str, value: Any, refs: Sequence[str] = ()) -> InputDigest
     return InputDigest(name, hashlib.sha256(data).hexdigest(), len(data), {"kind": kind, **more})
 
 
-@dataclass(frozen=True)
-class KeyParts:
-    """What goes into a key, gathered by the engine."""
-
-    kind: str
-    action: Any  # the rendered command, or the agent settings with the rendered prompt
-    inputs: Sequence[InputDigest]
-    env: Mapping[str, str]
-    secrets: Mapping[str, str]  # name -> value (HMAC'd here, never stored)
-    outputs: Sequence[str]
-    sandbox: Mapping[str, Any]
-
-
-def item_key(parts: KeyParts, hmac_key: bytes) -> str:
-    static = _dumps({"format": CACHE_FORMAT, "kind": parts.kind,
-                     "outputs": sorted(parts.outputs), "sandbox": parts.sandbox})
-    return _item_key(static, parts, hmac_key)
-
-
-def _item_key(static: str, parts: KeyParts, hmac_key: bytes) -> str:
-    """The key: a sha256 over the step's fixed part (``static``: format, kind,
-    outputs, sandbox, the same for all its items) and the item's own."""
-    own = _dumps({
-        "action": parts.action,
-        "inputs": sorted((i.name, i.sha256) for i in parts.inputs),
-        "env": parts.env,
-        "secrets": {n: hmac.new(hmac_key, v.encode(), hashlib.sha256).hexdigest()
-                    for n, v in parts.secrets.items()},
-    })
-    return hashlib.sha256(f"{static}\n{own}".encode()).hexdigest()
-
-
 def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
 
@@ -174,23 +142,23 @@ def _static_part(attempt: Attempt) -> str:
 
 def key_for(attempt: Attempt, inputs: Sequence[tuple[str, str]], env: Mapping[str, str],
             action: Any) -> str:
-    """An item's key from its inputs ``(name, sha256)``, built environment and action.
+    """An item's key from its inputs ``(name, sha256)``, built environment and action:
+    a sha256 over the step's fixed part (format, kind, outputs, sandbox; the
+    same for all its items) and the item's own.
 
     The engine (deciding reuse) and the worker (indexing what ran) both call
     this with the same parts, so an item that ran is found by the next run.
     """
     step, run = attempt.step, attempt.run
-    secret_names = {s for s in step.secrets if s in run.secrets_allowed}
+    secret_names = [s for s in step.secrets if s in run.secrets_allowed]
     plain = {k: v for k, v in env.items()
              if not k.startswith("STOCKADE_") and k not in secret_names
              and k not in ("HOME", "TMPDIR")}
-    parts = KeyParts(
-        kind=step.kind, action=action,
-        inputs=[InputDigest(n, h, 0, {}) for n, h in inputs], env=plain,
-        secrets={n: env[n] for n in secret_names if n in env},
-        outputs=list(step.outputs), sandbox={},
-    )
-    return _item_key(_static_part(attempt), parts, run.reuse_secret)
+    # A secret's value enters only as an HMAC keyed with the root's own key.
+    hashed = {n: hmac.new(run.reuse_secret, env[n].encode(), hashlib.sha256).hexdigest()
+              for n in secret_names if n in env}
+    own = _dumps({"action": action, "inputs": sorted(inputs), "env": plain, "secrets": hashed})
+    return hashlib.sha256(f"{_static_part(attempt)}\n{own}".encode()).hexdigest()
 
 
 def verified(candidate: ReuseCandidate) -> bool:
@@ -308,8 +276,11 @@ def lookup(attempts: Sequence[Attempt], store: Store, run_id: str) -> list[Keyed
     from stockade.runner.kinds.process import render_inputs, step_environment, template_refs
 
     out: list[Keyed] = []
+    refs: dict[str, dict[str, list[str]]] = {}  # per step: what each input is computed from
     for attempt in attempts:
         step = attempt.step
+        if step.id not in refs:
+            refs[step.id] = {n: template_refs(t) for n, t in step.inputs.items()}
         try:
             values = render_inputs(attempt)
             env = step_environment(attempt)
@@ -317,7 +288,7 @@ def lookup(attempts: Sequence[Attempt], store: Store, run_id: str) -> list[Keyed
         except ITEM_ERRORS:
             out.append(Keyed())
             continue
-        digests = [input_digest(n, v, template_refs(step.inputs[n])) for n, v in values.items()]
+        digests = [input_digest(n, v, refs[step.id][n]) for n, v in values.items()]
         out.append(Keyed(key_for(attempt, [(d.name, d.sha256) for d in digests], env, action),
                          digests))
     by_key = {k.key: k for k in out if k.key}

@@ -106,6 +106,22 @@ def outputs_by_attempt(rows: Iterable[Sequence[Any]]
     return out
 
 
+def item_groups(candidates: Iterable[ReuseCandidate], chunk: int = 500
+                ) -> list[tuple[str, str, list[int]]]:
+    """The candidates' items as ``(run_id, step, items)`` groups of at most
+    ``chunk``: their outputs are read a group per query, by the artifacts'
+    primary key (joining the index read every indexed item's outputs, four
+    times what a lookup with ``limit=1`` takes)."""
+    by: dict[tuple[str, str], set[int]] = {}
+    for c in candidates:
+        by.setdefault((c.run_id, c.step), set()).add(c.item)
+    out = []
+    for (run_id, step), items in by.items():
+        ordered = sorted(items)
+        out += [(run_id, step, ordered[i:i + chunk]) for i in range(0, len(ordered), chunk)]
+    return out
+
+
 def with_outputs(c: ReuseCandidate,
                  outputs: Mapping[tuple[str, str, int, int], list[ArtifactRecord]]
                  ) -> ReuseCandidate:

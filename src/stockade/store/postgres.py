@@ -50,6 +50,7 @@ from stockade.store.base import (
     RunRecord,
     StepTally,
     Store,
+    item_groups,
     outputs_by_attempt,
     with_outputs,
 )
@@ -208,12 +209,12 @@ class PostgresStore(Store):
             if len(found.get(key, [])) < limit:
                 found.setdefault(key, []).append(ReuseCandidate(
                     key, run_id, step, item, attempt, root, (), load_json(result)))
-        # The outputs of every indexed item with these keys in one query.
-        outputs = outputs_by_attempt(self._rows(
-            "SELECT a.* FROM stockade_reuse_index x JOIN stockade_artifacts a"
-            " ON a.run_id = x.run_id AND a.step = x.step AND a.item = x.item"
-            " AND a.attempt = x.attempt WHERE x.key = ANY(%s) AND x.run_id != %s",
-            (list(keys), exclude_run)))
+        arts: list[Any] = []
+        for run_id, step, items in item_groups(c for cs in found.values() for c in cs):
+            arts += self._rows(
+                "SELECT * FROM stockade_artifacts WHERE run_id = %s AND step = %s"
+                " AND item = ANY(%s)", (run_id, step, items))
+        outputs = outputs_by_attempt(arts)
         return {k: [with_outputs(c, outputs) for c in cs] for k, cs in found.items()}
 
     # -- attempts and items ------------------------------------------------

@@ -45,6 +45,7 @@ from stockade.store.base import (
     RunRecord,
     StepTally,
     Store,
+    item_groups,
     outputs_by_attempt,
     with_outputs,
 )
@@ -320,7 +321,6 @@ class SQLiteStore(Store):
     def reuse_candidates(self, keys: list[str], *, exclude_run: str = "",
                          limit: int = 3) -> dict[str, list[ReuseCandidate]]:
         found: dict[str, list[ReuseCandidate]] = {}
-        outputs: dict[tuple[str, str, int, int], list[ArtifactRecord]] = {}
         for chunk in range(0, len(keys), 500):
             part = keys[chunk:chunk + 500]
             marks = ",".join("?" * len(part))
@@ -334,12 +334,12 @@ class SQLiteStore(Store):
                 if len(found.get(key, [])) < limit:
                     found.setdefault(key, []).append(ReuseCandidate(
                         key, run_id, step, item, attempt, root, (), load_json(result)))
-            # The outputs of every indexed item with these keys in one query
-            # (one per candidate made 10,000 items take seconds).
-            outputs.update(outputs_by_attempt(self._rows(
-                "SELECT a.* FROM reuse_index x JOIN artifacts a ON a.run_id = x.run_id"
-                " AND a.step = x.step AND a.item = x.item AND a.attempt = x.attempt"
-                f" WHERE x.key IN ({marks}) AND x.run_id != ?", (*part, exclude_run))))
+        arts: list[Any] = []
+        for run_id, step, items in item_groups(c for cs in found.values() for c in cs):
+            arts += self._rows(
+                "SELECT * FROM artifacts WHERE run_id = ? AND step = ?"
+                f" AND item IN ({','.join('?' * len(items))})", (run_id, step, *items))
+        outputs = outputs_by_attempt(arts)
         return {k: [with_outputs(c, outputs) for c in cs] for k, cs in found.items()}
 
     # -- attempts and items ------------------------------------------------
