@@ -335,3 +335,20 @@ def test_from_json_gives_data_and_to_json_escapes_the_engine_keys_in_it() -> Non
     assert text == ('[{"$$$file":1,"$$artifact":{"run_id":"r-1","step":"ghost"},"text":"forged"},'
                     '{"$file":"f","n":3}]')
     assert r("x={{ {'$tree': 1, '$ref': 2} }}") == 'x={"$$tree":1,"$ref":2}'  # text holes too
+
+
+@pytest.mark.parametrize("item", [7, "x", [1, {"a": None}], {"k": [True]}, FakeFile("t"), None])
+def test_a_bare_name_renders_as_jinja_would(item: Any) -> None:
+    # ``{{ item }}`` is looked up without Jinja; ``{{ item if true else 0 }}``
+    # goes through Jinja: both give the very object the context holds.
+    ctx = {**CTX, "item": item}
+    fast = render(compile_template("{{ item }}"), ctx)
+    slow = render(compile_template(" {{ item if true else 0 }}"), ctx)
+    assert fast is item and slow is item
+
+
+def test_a_bare_name_absent_from_the_context_still_fails_by_name() -> None:
+    with pytest.raises(RenderError, match="item"):
+        render(compile_template("{{ item }}"), {"vars": {}})
+    # Shell quoting never takes the shortcut.
+    assert render(compile_template("{{ item }}"), {"item": "a b"}, shell=True) == "'a b'"

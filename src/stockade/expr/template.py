@@ -68,6 +68,9 @@ class Template:
     trees: tuple[str, ...]
     refs: tuple[str, ...]
     _parts: tuple[_Part, ...] = field(default=(), repr=False, compare=False)
+    #: The one name a whole template is, as in ``{{ item }}`` (else None):
+    #: rendered by a lookup, without Jinja.
+    _bare: str | None = field(default=None, repr=False, compare=False)
 
 
 def _line_offset(source: str, lineno: int | None) -> int | None:
@@ -103,7 +106,9 @@ def _compile_expr(expr: nodes.Expr) -> Callable[[dict[str, Any]], Any]:
     tmpl = ENV.from_string(nodes.Template(body, lineno=1))
 
     def evaluate(values: dict[str, Any]) -> Any:
-        ctx = tmpl.new_context(values)
+        # ``values`` is built afresh by each render and ENV has no globals:
+        # shared, so Jinja does not copy it again.
+        ctx = tmpl.new_context(values, shared=True)
         for _ in tmpl.root_render_func(ctx):
             pass
         value = ctx.vars["result"]
@@ -129,6 +134,7 @@ def compile_template(source: str) -> Template:
     found = Findings()
     parts: list[_Part] = []
     holes = 0
+    last_hole: nodes.Node | None = None
     try:
         tree = ENV.parse(source)
         for out in tree.body:
@@ -139,6 +145,7 @@ def compile_template(source: str) -> Template:
                     parts.append(node.data)
                     continue
                 holes += 1
+                last_hole = node
                 parts.append(_compile_expr(analyse(node, found)))
     except ExprError:
         raise
@@ -155,8 +162,11 @@ def compile_template(source: str) -> Template:
         return Template(source, False, False, frozenset(), frozenset(), False, False, (), (), (), (text,))
     exprs = [p for p in parts if not isinstance(p, str)]
     whole = len(exprs) == 1 and all(p.strip() == "" for p in parts if isinstance(p, str))
+    bare = None
     if whole:
         parts = list(exprs)
+        if isinstance(last_hole, nodes.Name) and last_hole.ctx == "load":
+            bare = last_hole.name
     return Template(
         source=source,
         is_template=True,
@@ -169,6 +179,7 @@ def compile_template(source: str) -> Template:
         trees=tuple(found.trees),
         refs=tuple(found.refs),
         _parts=tuple(parts),
+        _bare=bare,
     )
 
 
@@ -230,6 +241,11 @@ def render(
     """
     if not t.is_template:
         return t.source
+    if (t._bare is not None and not shell and t._bare in ctx and t._bare not in functions
+            and t._bare not in BUILTIN_FUNCTIONS):
+        # ``{{ item }}``: the context's own value, as Jinja would resolve it
+        # (context data holds no Undefined); a function of that name would win.
+        return ctx[t._bare]
     values: dict[str, Any] = dict(ctx)
     values.update(_globals(functions))
     token = new_weigher()

@@ -27,7 +27,6 @@ from stockade.store._rows import (
     dump_json,
     effect_from_row,
     item_from_row,
-    load_json,
     run_from_row,
     run_tallies_from_rows,
     spans_from_rows,
@@ -50,9 +49,7 @@ from stockade.store.base import (
     RunRecord,
     StepTally,
     Store,
-    item_groups,
-    outputs_by_attempt,
-    with_outputs,
+    reuse_found,
 )
 from stockade.store.pg_schema import SCHEMA
 
@@ -194,9 +191,8 @@ class PostgresStore(Store):
 
     def reuse_candidates(self, keys: list[str], *, exclude_run: str = "",
                          limit: int = 3) -> dict[str, list[ReuseCandidate]]:
-        found: dict[str, list[ReuseCandidate]] = {}
         if not keys:
-            return found
+            return {}
         rows = self._rows(
             "SELECT x.key, x.run_id, x.step, x.item, x.attempt, r.root, i.result"
             " FROM stockade_reuse_index x JOIN stockade_runs r ON r.run_id = x.run_id"
@@ -205,17 +201,9 @@ class PostgresStore(Store):
             " WHERE x.key = ANY(%s) AND x.run_id != %s AND i.status = 'succeeded'"
             " AND i.attempt = x.attempt ORDER BY x.created_at DESC",
             (list(keys), exclude_run))
-        for key, run_id, step, item, attempt, root, result in rows:
-            if len(found.get(key, [])) < limit:
-                found.setdefault(key, []).append(ReuseCandidate(
-                    key, run_id, step, item, attempt, root, (), load_json(result)))
-        arts: list[Any] = []
-        for run_id, step, items in item_groups(c for cs in found.values() for c in cs):
-            arts += self._rows(
-                "SELECT * FROM stockade_artifacts WHERE run_id = %s AND step = %s"
-                " AND item = ANY(%s)", (run_id, step, items))
-        outputs = outputs_by_attempt(arts)
-        return {k: [with_outputs(c, outputs) for c in cs] for k, cs in found.items()}
+        return reuse_found(rows, limit, lambda run_id, step, items: self._rows(
+            "SELECT * FROM stockade_artifacts WHERE run_id = %s AND step = %s"
+            " AND item = ANY(%s) ORDER BY item, name", (run_id, step, items)))
 
     # -- attempts and items ------------------------------------------------
 

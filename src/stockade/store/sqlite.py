@@ -22,7 +22,6 @@ from stockade.store._rows import (
     dump_json,
     effect_from_row,
     item_from_row,
-    load_json,
     run_from_row,
     run_tallies_from_rows,
     spans_from_rows,
@@ -45,9 +44,7 @@ from stockade.store.base import (
     RunRecord,
     StepTally,
     Store,
-    item_groups,
-    outputs_by_attempt,
-    with_outputs,
+    reuse_found,
 )
 
 SCHEMA = """
@@ -320,27 +317,21 @@ class SQLiteStore(Store):
 
     def reuse_candidates(self, keys: list[str], *, exclude_run: str = "",
                          limit: int = 3) -> dict[str, list[ReuseCandidate]]:
-        found: dict[str, list[ReuseCandidate]] = {}
+        rows: list[tuple[Any, ...]] = []
         for chunk in range(0, len(keys), 500):
             part = keys[chunk:chunk + 500]
-            marks = ",".join("?" * len(part))
-            rows = self._rows(
+            rows += self._rows(
                 "SELECT x.key, x.run_id, x.step, x.item, x.attempt, r.root, i.result"
                 " FROM reuse_index x JOIN runs r ON r.run_id = x.run_id"
                 " JOIN items i ON i.run_id = x.run_id AND i.step = x.step AND i.item = x.item"
-                f" WHERE x.key IN ({marks}) AND x.run_id != ? AND i.status = 'succeeded'"
-                " AND i.attempt = x.attempt ORDER BY x.created_at DESC", (*part, exclude_run))
-            for key, run_id, step, item, attempt, root, result in rows:
-                if len(found.get(key, [])) < limit:
-                    found.setdefault(key, []).append(ReuseCandidate(
-                        key, run_id, step, item, attempt, root, (), load_json(result)))
-        arts: list[Any] = []
-        for run_id, step, items in item_groups(c for cs in found.values() for c in cs):
-            arts += self._rows(
-                "SELECT * FROM artifacts WHERE run_id = ? AND step = ?"
-                f" AND item IN ({','.join('?' * len(items))})", (run_id, step, *items))
-        outputs = outputs_by_attempt(arts)
-        return {k: [with_outputs(c, outputs) for c in cs] for k, cs in found.items()}
+                f" WHERE x.key IN ({','.join('?' * len(part))}) AND x.run_id != ?"
+                " AND i.status = 'succeeded' AND i.attempt = x.attempt"
+                " ORDER BY x.created_at DESC", (*part, exclude_run))
+        # Each chunk's keys are disjoint, so newest-first per key holds across chunks.
+        return reuse_found(rows, limit, lambda run_id, step, items: self._rows(
+            "SELECT * FROM artifacts WHERE run_id = ? AND step = ?"
+            f" AND item IN ({','.join('?' * len(items))}) ORDER BY item, name",
+            (run_id, step, *items)))
 
     # -- attempts and items ------------------------------------------------
 

@@ -106,11 +106,13 @@ def render_inputs(attempt: Attempt) -> dict[str, Any]:
 def step_environment(attempt: Attempt) -> dict[str, str]:
     """The whole environment of the step's process, minus HOME and TMPDIR."""
     step, ctx, fns = attempt.step, attempt.context, attempt.run.functions
-    with attempt.located("env"):
-        step_env = {
-            k: v if isinstance(v, str) else str(to_json_value(v))
-            for k, v in render_value(dict(step.env), ctx, functions=fns).items()
-        }
+    step_env = {}
+    if step.env:
+        with attempt.located("env"):
+            step_env = {
+                k: v if isinstance(v, str) else str(to_json_value(v))
+                for k, v in render_value(dict(step.env), ctx, functions=fns).items()
+            }
     env = build_env(
         attempt.run.host_env,
         step_env=step_env,
