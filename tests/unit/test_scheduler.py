@@ -272,15 +272,26 @@ def test_a_lost_attempt_runs_again_at_once_without_using_a_retry() -> None:
     s.handle(Start(0))
     assert names(s.handle(Expanded("a", 2, 0))) == ["started a 2", "start a/0#1",
                                                     "start a/1#1"]
-    # The same try again (the engine gives it a fresh attempt number), ahead of the queue.
-    for _ in range(MAX_LOST):
-        assert names(s.handle(AttemptEnded("a", 0, A.LOST, 1))) == ["start a/0#1"]
+    # The next attempt at once, ahead of the queue.
+    for n in range(MAX_LOST):
+        assert names(s.handle(AttemptEnded("a", 0, A.LOST, 1))) == [f"start a/0#{n + 2}"]
     assert s.item_status("a", 0) is I.RUNNING
     # retries: 0 still allows nothing after a real failure...
     assert names(s.handle(AttemptEnded("a", 1, FAIL, 2))) == ["item a/1 failed"]
     # ...and one loss past MAX_LOST ends the item as errored.
     assert names(s.handle(AttemptEnded("a", 0, A.LOST, 3))) == [
         "item a/0 errored", "step a failed", "run failed"]
+
+
+def test_losses_do_not_use_up_the_retries_or_their_backoff() -> None:
+    s = sched([StepInfo("a", retries=1, retry_delay=10.0)], slots=1)
+    s.handle(Start(0))
+    s.handle(Expanded("a", 1, 0))
+    assert names(s.handle(AttemptEnded("a", 0, A.LOST, 1))) == ["start a/0#2"]
+    # The first real failure is retry 1 of 1, with the first retry's delay.
+    (retry,) = s.handle(AttemptEnded("a", 0, FAIL, 2))
+    assert isinstance(retry, RetryScheduled)
+    assert (retry.try_, retry.delay) == (3, s.retry_delay(10.0, 1))
 
 
 def test_a_lost_attempt_after_an_interrupt_is_not_run_again() -> None:

@@ -12,8 +12,7 @@ Must not import the engine, the executors or the CLI.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,13 +181,28 @@ class Attempt:
     def locate(self, *path: str | int) -> str:
         return self.run.locate(self.step.id, path)
 
-    @contextmanager
-    def located(self, *path: str | int) -> Iterator[None]:
+    def located(self, *path: str | int) -> _Located:
         """Name the file position of the field being rendered in any error it raises."""
-        try:
-            yield
-        except ITEM_ERRORS as exc:
-            raise UserError(f"{self.locate(*path)}: {error_message(exc)}") from exc
+        return _Located(self, path)
+
+
+class _Located:
+    """``Attempt.located``: a plain class, not ``@contextmanager``, whose
+    generator cost several microseconds per field per item (a reuse lookup
+    renders three fields for each of 10,000 items)."""
+
+    __slots__ = ("attempt", "path")
+
+    def __init__(self, attempt: Attempt, path: tuple[str | int, ...]) -> None:
+        self.attempt, self.path = attempt, path
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        if exc is not None and isinstance(exc, ITEM_ERRORS):
+            raise UserError(f"{self.attempt.locate(*self.path)}: {error_message(exc)}") from exc
 
 
 @dataclass

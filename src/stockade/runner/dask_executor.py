@@ -477,11 +477,5 @@ def _describe(exc: BaseException | None) -> str:
     return f"the attempt's task failed on the cluster: {name}: {exc}"
 
 
-def executor_url(option: str | None, env: dict[str, str] | None = None) -> str | None:
-    """``--executor`` or ``$STOCKADE_EXECUTOR``; None or ``local`` means this machine."""
-    url = option or (env if env is not None else os.environ).get(ENV) or None
-    return None if url in (None, "", "local") else url
-
-
-__all__ = ["Cluster", "DaskExecutor", "connect", "executor_url", "probe_workers",
+__all__ = ["Cluster", "DaskExecutor", "connect", "probe_workers",
            "scheduler_address", "survey"]

@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 
 from stockade.runner.dask_executor import Cluster, DaskExecutor, connect, survey
 from stockade.runner.remote import RemoteSettings
+from stockade.runner.roots import executor_url
 from stockade.workspace.layout import RunDir, read_json, write_json
 
 GATEWAY_HOST_ENV = "STOCKADE_GATEWAY_HOST"
@@ -122,11 +123,9 @@ def record_workers(run: RunDir, remote: RemoteRun, executor: DaskExecutor) -> No
 
 def resume_url(option: str | None, manifest: Mapping[str, Any]) -> str | None:
     """``resume`` goes back to the run's cluster unless told otherwise (``--executor local``)."""
-    from stockade.runner.dask_executor import executor_url
-
     if option == "local" or (option is None and os.environ.get("STOCKADE_EXECUTOR") == "local"):
         return None
-    url = executor_url(option, dict(os.environ))
+    url = executor_url(option, os.environ)
     if url is not None:
         return url
     recorded = (manifest.get("executor") or {}).get("scheduler")

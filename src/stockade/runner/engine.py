@@ -445,8 +445,8 @@ class Engine:
             outcome.retryable))
 
     def _lost(self, attempt: Attempt, it: _Item, outcome: Outcome) -> None:
-        """An attempt that went down with its worker: the next one gets a fresh number."""
-        it.base += 1
+        """An attempt that went down with its worker (the scheduler starts the
+        next, with the next number, without counting it against ``retries``)."""
         worker = (outcome.provenance or {}).get("worker") or {}
         self.reporter.echo(f"{attempt.item}: attempt {outcome.attempt} lost "
                            f"({self.ctx.masker.text(outcome.message)}); it runs again")

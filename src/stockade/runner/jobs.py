@@ -186,17 +186,7 @@ def walk_files(top: Path) -> Iterator[tuple[str, os.stat_result]]:
             yield rel, st
 
 
-def folders_of(top: Path) -> list[str]:
-    out = []
-    for dirpath, dirnames, _ in os.walk(top, followlinks=False):
-        dirnames.sort()
-        for d in dirnames:
-            rel = os.path.relpath(os.path.join(dirpath, d), top)
-            out.append(rel)
-    return out
-
-
 __all__ = [
     "CAPTURE_MAX", "INLINE_MAX", "AgentResult", "AgentSpec", "Blob", "BlobMismatch", "Job",
-    "JobResult", "WorkerInfo", "blob_of", "check_rel", "folders_of", "walk_files",
+    "JobResult", "WorkerInfo", "blob_of", "check_rel", "walk_files",
 ]

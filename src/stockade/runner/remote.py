@@ -24,7 +24,7 @@ from typing import Any
 from stockade.errors import InfraError
 from stockade.runner.attempt import ITEM_ERRORS, Attempt, Outcome, error_message, refused
 from stockade.runner.env import build_env
-from stockade.runner.jobs import AgentSpec, Blob, BlobMismatch, Job, JobResult
+from stockade.runner.jobs import AgentSpec, Blob, BlobMismatch, Job, JobResult, blob_of
 from stockade.runner.kinds.process import finish, network_mode, prepare, resources_of
 from stockade.runner.records import attach
 from stockade.runner.reuse import key_for
@@ -202,13 +202,7 @@ def _records(attempt: Attempt, result: JobResult) -> None:
             _write(attempt.dirs.meta / f"{attempt.number}.network.jsonl", data)
             continue
         attempt.meta.mkdir(mode=0o700, exist_ok=True)
-        unpack(Blob(blob.path, *_digest(data), data=data), attempt.meta, "record")
-
-
-def _digest(data: bytes) -> tuple[str, int]:
-    import hashlib
-
-    return hashlib.sha256(data).hexdigest(), len(data)
+        unpack(blob_of(blob.path, data), attempt.meta, "record")
 
 
 def complete(p: Pending, result: JobResult | None, settings: RemoteSettings,

@@ -1,4 +1,5 @@
-"""Where the runs are: the root folder and the run store it names.
+"""Where the runs are: the root folder, the run store it names, and the
+cluster (if any) its items run on.
 
 Every read-only command (``runs``, ``show``, ``logs``, the web UI) starts
 here, so this module stays light (importing the spec, the plan or the
@@ -25,3 +26,11 @@ def open_run_store(root: Path, url: str | None, env: Mapping[str, str]) -> Store
     from stockade.store import open_store
 
     return open_store(url or env.get("STOCKADE_STORE"), root)
+
+
+def executor_url(option: str | None, env: Mapping[str, str]) -> str | None:
+    """``--executor``, else ``$STOCKADE_EXECUTOR``; None when that is unset,
+    empty or ``local`` (this machine). Read here, not in the Dask module, so
+    a local run does not pay for importing Dask (about 20 ms)."""
+    url = option or env.get("STOCKADE_EXECUTOR") or None
+    return None if url in (None, "", "local") else url

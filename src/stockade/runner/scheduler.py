@@ -311,18 +311,18 @@ class Scheduler:
             self.running -= 1
         if ev.status is AttemptStatus.LOST and not self.interrupted \
                 and st.lost[ev.index] < MAX_LOST:
-            # Its worker died: the item runs again at once in a fresh attempt,
-            # ahead of the queue, and the loss is not one of its retries.
+            # Its worker died: the item runs again at once in a fresh attempt
+            # (the next number), ahead of the queue; the loss is not one of its retries.
             st.lost[ev.index] += 1
-            st.tries[ev.index] -= 1
             st.items[ev.index] = ItemStatus.PENDING
             self._ready.appendleft((ev.step, ev.index))
             return
         try_ = st.tries[ev.index]
+        failures = try_ - st.lost[ev.index]  # the attempts that count against ``retries``
         retry = (ev.status not in ATTEMPT_FINAL and ev.retryable and not self.interrupted
-                 and try_ <= st.info.retries)
+                 and failures <= st.info.retries)
         if retry:
-            delay = self.retry_delay(st.info.retry_delay, try_)
+            delay = self.retry_delay(st.info.retry_delay, failures)
             st.items[ev.index] = ItemStatus.RETRYING
             self._seq += 1
             heapq.heappush(self._waiting, (ev.now + delay, self._seq, ev.step, ev.index))

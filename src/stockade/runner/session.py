@@ -37,7 +37,7 @@ from stockade.runner.env import Masker
 from stockade.runner.executor import Executor, LocalExecutor
 from stockade.runner.report import Reporter
 from stockade.runner.reuse import secret_key
-from stockade.runner.roots import open_run_store
+from stockade.runner.roots import executor_url, open_run_store
 from stockade.runner.status import RunStatus
 from stockade.sandbox.base import Backend
 from stockade.spec import Spec, load_workflow
@@ -493,10 +493,8 @@ def resume_run(
 def _open_remote(option: str | None, opts: RunOptions, require: bool,
                  env: Mapping[str, str]) -> Any:
     """The run's cluster when ``--executor``/``$STOCKADE_EXECUTOR`` names one, else None."""
-    # Read here rather than through dask_executor.executor_url: a local run
-    # does not pay for importing the Dask side (about 20 ms).
-    url = option or env.get("STOCKADE_EXECUTOR") or None
-    if url in (None, "local"):
+    url = executor_url(option, env)
+    if url is None:
         if opts.artifacts:
             raise UserError("--artifacts moves files between the engine and Dask workers; "
                             "it needs --executor dask://HOST:PORT")
@@ -566,11 +564,12 @@ def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
                                  hooks.reporter.echo, hooks.interactive, p.env)
     else:
         executor = LocalExecutor(opts.jobs or available_cpus())
-    lock = p.lock or RunLock(run.path)
+    # Both callers took the lock as soon as the run's folder existed.
+    lock = p.lock
+    if lock is None:
+        raise RuntimeError("the run's lock must be taken before its engine starts")
     started = float(p.manifest["started_at"])
     try:
-        if p.lock is None:
-            lock.acquire()
         reuse = spec.workflow.reuse if opts.reuse is None else opts.reuse
         engine = Engine(spec=spec, plan=p.plan, run=run, context=context, executor=executor,
                         vars=p.values, reporter=hooks.reporter, resume=resume, reuse=reuse)

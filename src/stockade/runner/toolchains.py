@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -65,17 +66,19 @@ class Toolchain:
     def __bool__(self) -> bool:
         return bool(self.mounts or self.image)
 
-    def bins(self) -> list[str]:
+    @cached_property
+    def bins(self) -> tuple[str, ...]:
         """The declared mounts' ``bin/`` folders (by their resolved paths, which
-        every backend shows), in PATH order."""
-        return [f"{m.path}/bin" for m in self.mounts
-                if m.implied_by is None and os.path.isdir(f"{m.path}/bin")]
+        every backend shows), in PATH order. Looked for once per run, as the
+        mounts were fingerprinted once: not a stat per mount per item."""
+        return tuple(f"{m.path}/bin" for m in self.mounts
+                     if m.implied_by is None and os.path.isdir(f"{m.path}/bin"))
 
     def path_for(self, path: str) -> str:
         """``PATH`` with the mounts' ``bin/`` first; under an image, the image's
         own ``PATH`` instead of the host's (``path``)."""
         base = self.image.path if self.image is not None else path
-        bins = self.bins()
+        bins = self.bins
         rest = [p for p in base.split(":") if p and p not in bins]
         return ":".join([*bins, *rest])
 

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from stockade.runner.jobs import INLINE_MAX, Blob, BlobMismatch, check_rel
+from stockade.runner.jobs import INLINE_MAX, Blob, BlobMismatch, blob_of, check_rel
 from stockade.workspace.beneath import DIR_FLAGS, Refused, create_file, sha256_fd
 
 CHUNK = 1 << 20
@@ -49,7 +49,7 @@ def pack(path: Path, rel: str, artifacts: str | None, prefix: str,
         if artifacts is None or size <= limit:
             with os.fdopen(os.dup(fd), "rb") as f:
                 data = f.read()
-            return Blob(rel, hashlib.sha256(data).hexdigest(), len(data), mode, data=data)
+            return blob_of(rel, data, mode)
         digest, size = sha256_fd(fd)
         fs, base = _fs(artifacts)
         target = f"{base.rstrip('/')}/{prefix}/{digest}"
