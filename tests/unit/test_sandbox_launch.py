@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 from pathlib import Path
 
 import pytest
@@ -197,7 +198,12 @@ def test_landlock_request() -> None:
     ]  # fmt: skip
     assert "/etc/shadow" not in req["read_only"]
     assert req["handle_net"] is True and req["connect_ports"] == []
-    assert req["rlimits"] == {"as": None, "cpu": None, "nproc": 9, "fsize": None}
+    assert req["limits"] == [(resource.RLIMIT_CORE, 0)] and req["nproc"] == 9
+    # Where the jail's pids cgroup holds the limit, no RLIMIT_NPROC is counted.
+    held = landlock_request(policy(resources=Resources(processes=9, memory_bytes=1 << 30)), abi=6,
+                            layout=LAYOUT, pids_limited=True)
+    assert held["nproc"] is None
+    assert held["limits"] == [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_AS, 1 << 30)]
     assert (req["uid"], req["gid"]) == (60800, 60800)
     assert req["bridge"] == {
         "tmpfs": ["/runs"], "dirs": ["/runs/r1"], "files": [], "binds": ["/runs/r1"],

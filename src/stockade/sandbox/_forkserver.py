@@ -157,24 +157,14 @@ def _bridge_mounts(libc: ctypes.CDLL, plan: dict[str, list[str]]) -> None:
 
 
 def _rlimits(req: dict[str, Any]) -> list[tuple[int, int]]:
-    """The (resource, limit) pairs the jail gets: never a core dump, plus the step's limits."""
-    if req.get("limits") is not None:
-        return [(int(which), int(value)) for which, value in req["limits"]]  # computed by the engine
-    limits = req["rlimits"]
-    out = [(resource.RLIMIT_CORE, 0)]
-    for key, which in (
-        ("as", resource.RLIMIT_AS),
-        ("cpu", resource.RLIMIT_CPU),
-        ("fsize", resource.RLIMIT_FSIZE),
-    ):
-        if limits[key] is not None:
-            out.append((which, limits[key]))
-    if limits["nproc"] is not None:
-        # RLIMIT_NPROC counts every process of the uid on the host here
-        # (no user namespace): allow what exists now plus the step's share.
-        uid = req["uid"]
-        counted = uid if uid is not None else os.getuid()
-        out.append((resource.RLIMIT_NPROC, _count_processes(counted) + limits["nproc"]))
+    """The (resource, limit) pairs the jail gets: those the engine computed
+    (``policy.base_rlimits`` and the backend's own), and for ``nproc`` an
+    RLIMIT_NPROC counted here, at the launch: it counts every process of the
+    uid on the host (no user namespace), so what exists now plus the step's share."""
+    out = [(int(which), int(value)) for which, value in req.get("limits") or ()]
+    if req.get("nproc") is not None:
+        counted = req["uid"] if req["uid"] is not None else os.getuid()
+        out.append((resource.RLIMIT_NPROC, _count_processes(counted) + int(req["nproc"])))
     return out
 
 
@@ -378,7 +368,7 @@ class Server:
                 self.prep.program(req["seccomp"]) if "seccomp" in req else b"",
                 -1 if req["uid"] is None else req["uid"],
                 -1 if req["gid"] is None else req["gid"],
-                _rlimits(req) if req["mode"] == "landlock" or req.get("limits") is not None else [],
+                _rlimits(req),
                 bridge,
                 list(cgroups),
                 cgroup_dir,

@@ -32,13 +32,15 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, TypeVar
 
 from stockade.errors import InfraError
 from stockade.sandbox import _cgroup
 from stockade.sandbox._watchdog import Watchdog
 from stockade.sandbox.base import Running
+
+_R = TypeVar("_R", bound=Running)
 
 Mode = Literal["cgroup2", "cgroup1", "pgroup", "off"]
 MODES: tuple[str, ...] = ("cgroup2", "cgroup1", "pgroup")
@@ -309,6 +311,20 @@ class Lifetime:
             except OSError as e:
                 raise InfraError(f"cannot create the jail's cgroup: {e}") from e
         return JailGroup(self, leaf)
+
+    def start(self, launch: Callable[[JailGroup], _R], *, memory_bytes: int | None = None,
+              processes: int | None = None) -> tuple[Running, _R]:
+        """Start a jail in a group of its own: ``launch(group)`` starts it
+        (joining ``group.join_fds``/``join_dir``); returns the whole jail as a
+        ``Running`` and what ``launch`` returned. A launch that fails leaves
+        no group behind."""
+        group = self.open(memory_bytes=memory_bytes, processes=processes)
+        try:
+            started = launch(group)
+            return group.adopt(started), started
+        except BaseException:
+            group.discard()
+            raise
 
     def watchdog_add(self, pgid: int) -> None:
         if self._watchdog is not None:

@@ -555,15 +555,10 @@ class BwrapBackend(Backend):
         # An image has no prlimit: its processes limit is the cgroup's (and,
         # for a jail uid, RLIMIT_NPROC; see image_limits).
         processes = policy.resources.processes if policy.image_root is not None else None
-        jail = _lifetime.get().open(memory_bytes=policy.resources.memory_bytes,
-                                    processes=processes)
-        try:
-            return jail.adopt(
-                self._start(policy, stdout, stderr, lease, jail.join_fds, jail.join_dir)
-            )
-        except BaseException:
-            jail.discard()
-            raise
+        running, _ = _lifetime.get().start(
+            lambda g: self._start(policy, stdout, stderr, lease, g.join_fds, g.join_dir),
+            memory_bytes=policy.resources.memory_bytes, processes=processes)
+        return running
 
     def _start(
         self, policy: Policy, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
@@ -636,7 +631,6 @@ class BwrapBackend(Backend):
                 "gid": group,
                 "bridges": bridges,
                 "setpriv": self._setpriv,
-                "rlimits": {"as": None, "cpu": None, "nproc": None, "fsize": None},
                 "cgroups": len(cgroups),
             }
             if limits is not None:

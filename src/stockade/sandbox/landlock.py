@@ -57,7 +57,7 @@ from stockade.sandbox.bwrap import (
     proxy_url,
     scan_host,
 )
-from stockade.sandbox.policy import NetworkMode, Policy
+from stockade.sandbox.policy import NetworkMode, Policy, base_rlimits
 
 #: Device files a jail may read and write; random sources it may read.
 DEV_RW: tuple[str, ...] = ("/dev/null", "/dev/zero", "/dev/full")
@@ -82,6 +82,7 @@ def landlock_request(
     launcher: Launcher = "native",
     bridge: _reach.BridgePlan | None = None,
     path: str | None = None,
+    pids_limited: bool = False,
 ) -> dict[str, Any]:
     """The fork server request for ``policy``. Pure: no I/O.
 
@@ -151,12 +152,11 @@ def landlock_request(
         "read_write": read_write,
         "handle_net": policy.network != "open",
         "connect_ports": [relay_port] if relay_port is not None else [],
-        "rlimits": {
-            "as": r.memory_bytes,
-            "cpu": r.cpu_seconds,
-            "nproc": r.processes,
-            "fsize": r.file_size_bytes,
-        },
+        "limits": base_rlimits(r),
+        # RLIMIT_NPROC counts every process of the uid on the host (no user
+        # namespace): the helper adds the step's share to the count at the
+        # launch; not needed where the jail's pids cgroup holds the limit.
+        "nproc": None if pids_limited else r.processes,
         "seccomp": program.hex(),
         # System paths never change during a run: the helper may keep them open.
         "cache_read_only": not policy.mounts,
@@ -391,18 +391,15 @@ class LandlockBackend(Backend):
         """Start the jail in a cgroup of its own (``_lifetime``): the whole
         jail, and the helper's launch, as a ``Running``."""
         r = policy.resources
-        jail = _lifetime.get().open(memory_bytes=r.memory_bytes, processes=r.processes)
-        try:
-            helper = self._start(policy, stdout, stderr, lease, bridge, jail.join_fds, jail.join_dir)
-            return jail.adopt(helper), helper
-        except BaseException:
-            jail.discard()
-            raise
+        return _lifetime.get().start(
+            lambda g: self._start(policy, stdout, stderr, lease, bridge, g.join_fds, g.join_dir,
+                                  g.pids_limited),
+            memory_bytes=r.memory_bytes, processes=r.processes)
 
     def _start(
         self, policy: Policy, stdout: IO[bytes] | int, stderr: IO[bytes] | int,
         lease: _uids.Lease | None, bridge: _reach.BridgePlan | None,
-        cgroups: Sequence[int], cgroup_dir: int,
+        cgroups: Sequence[int], cgroup_dir: int, pids_limited: bool,
     ) -> HelperRunning:  # fmt: skip
         assert self._layout is not None
         uid = None if lease is None else lease.uid
@@ -441,6 +438,7 @@ class LandlockBackend(Backend):
                 launcher=self.launcher,
                 bridge=bridge,
                 path=self.jail_path(policy, uid),
+                pids_limited=pids_limited,
             )
             request["cgroups"] = len(cgroups)
             request["cgroup_dir"] = cgroup_dir >= 0

@@ -148,12 +148,9 @@ class SandboxExecBackend(Backend):
         env["TMPDIR"] = str(policy.scratch_dir)
         if policy.network == "proxy":
             env.update(proxy_env(proxy_url(policy, PROXY_PORT)))
-        jail = _lifetime.get().open()  # a process group, registered with the watchdog
-        try:
-            return jail.adopt(PopenJail(
-                sandbox_exec_argv(policy), cwd=policy.work_dir, env=env, stdout=stdout,
-                stderr=stderr, fds=policy.pass_fds,
-            ))  # fmt: skip
-        except BaseException:
-            jail.discard()
-            raise
+        # A process group, registered with the watchdog.
+        running, _ = _lifetime.get().start(lambda _g: PopenJail(
+            sandbox_exec_argv(policy), cwd=policy.work_dir, env=env, stdout=stdout,
+            stderr=stderr, fds=policy.pass_fds,
+        ))  # fmt: skip
+        return running

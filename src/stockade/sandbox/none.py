@@ -139,15 +139,11 @@ class NoneBackend(Backend):
         env["HOME"] = str(policy.scratch_dir)
         env["TMPDIR"] = str(policy.scratch_dir)
         r = policy.resources
-        jail = _lifetime.get().open(memory_bytes=r.memory_bytes, processes=r.processes)
-        try:
-            limits = rlimits(r, pids_limited=jail.pids_limited)
-            return jail.adopt(
-                self._start(policy, env, limits, stdout, stderr, jail.join_fds, jail.join_dir)
-            )
-        except BaseException:
-            jail.discard()
-            raise
+        running, _ = _lifetime.get().start(
+            lambda g: self._start(policy, env, rlimits(r, pids_limited=g.pids_limited), stdout,
+                                  stderr, g.join_fds, g.join_dir),
+            memory_bytes=r.memory_bytes, processes=r.processes)
+        return running
 
     def _start(
         self, policy: Policy, env: dict[str, str], limits: list[tuple[int, int]],
