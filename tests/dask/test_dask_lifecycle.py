@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import daskcluster
+import pytest
 
 from tests.dask.conftest import all_attempts
 from tests.integration.conftest import Project
@@ -42,12 +43,19 @@ def _busy(scratch: Path) -> bool:
     return any(p.name.startswith("job-") for p in scratch.iterdir())
 
 
+@pytest.mark.parametrize(("threads", "items", "pause"), [
+    (2, 8, 3),  # a task per item
+    (1, 12, 1),  # 12 ready for 2 threads: tasks of 3 items (dask_executor.batches)
+])
 def test_a_worker_killed_mid_run_loses_its_attempts_and_the_run_succeeds(
-        private_cluster: daskcluster.Cluster, project: Project) -> None:
-    victim = private_cluster.add("victim", 2, wait=False)
-    private_cluster.add("survivor", 2, wait=False)
+        private_cluster: daskcluster.Cluster, project: Project, threads: int, items: int,
+        pause: int) -> None:
+    victim = private_cluster.add("victim", threads, wait=False)
+    private_cluster.add("survivor", threads, wait=False)
     private_cluster.wait_for(2)
-    project.write("wf.yaml", SLOW.replace(", 9, 10, 11, 12]", "]"))
+    listed = ", ".join(str(i) for i in range(1, items + 1))
+    project.write("wf.yaml", SLOW.replace("[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]", f"[{listed}]")
+                  .replace("pause: 3", f"pause: {pause}"))
     proc = project.popen("run", "wf.yaml", "--executor", private_cluster.url, "--json")
     try:
         _wait("an attempt running on the victim", lambda: _busy(victim.scratch))
@@ -58,7 +66,7 @@ def test_a_worker_killed_mid_run_loses_its_attempts_and_the_run_succeeds(
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err
     data = json.loads(out)
-    assert data["status"] == "succeeded" and data["items"]["work"] == {"succeeded": 8}
+    assert data["status"] == "succeeded" and data["items"]["work"] == {"succeeded": items}
     assert data["retries"] == {}  # a loss is not a retry
     rows = all_attempts(project, data["run_id"])
     lost = [a for a in rows if a["outcome"] == "lost"]

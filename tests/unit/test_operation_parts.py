@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -161,3 +162,25 @@ def test_available_cpus_honours_the_quota(tmp_path: Path) -> None:
     proc, root = _cgroup(tmp_path, "0::/job", {"job/cpu.max": "50000 100000\n"})
     assert available_cpus(proc, root) == 1
     assert 1 <= available_cpus() <= 1024
+
+
+@pytest.mark.parametrize(("kinds", "threads", "sizes"), [
+    (["run"] * 4, 2, [1, 1, 1, 1]),  # no more ready than twice the threads: one each
+    (["run"] * 12, 2, [3, 3, 3, 3]),  # a fair share per thread
+    (["run"] * 100, 2, [8] * 12 + [4]),  # at most BATCH_MAX
+    (["agent", "run", "agent"] + ["run"] * 8, 1, [1, 1, 4, 4, 1]),  # agents alone
+    ([], 4, []),
+])
+def test_dask_batches(kinds: list[str], threads: int, sizes: list[int]) -> None:
+    from types import SimpleNamespace
+
+    from stockade.runner.dask_executor import batches
+
+    ready: list[Any] = [(f"k{i}", SimpleNamespace(job=SimpleNamespace(kind=k)))
+                        for i, k in enumerate(kinds)]
+    groups = batches(ready, threads)
+    assert [len(g) for g in groups] == sizes
+    # Every job in exactly one task, agents first, runs in their order.
+    flat = [k for g in groups for k, _ in g]
+    assert sorted(flat) == sorted(k for k, _ in ready)
+    assert all(len(g) == 1 for g in groups if g[0][1].job.kind == "agent")

@@ -2,13 +2,14 @@
 
 ``DaskExecutor`` implements ``executor.Executor``. ``run:`` and ``agent:``
 attempts become jobs (``runner.remote.build``, on a few engine threads),
-run as Dask tasks (``runner.worker.dask_task``) and come back as outcomes
-(``runner.remote.complete``). ``publish:`` attempts need the store and the
+run as Dask tasks (``runner.worker.dask_task``; when more ``run:`` jobs are
+ready than the workers have threads, several to a task, see ``batches``) and
+come back as outcomes (``runner.remote.complete``). ``publish:`` attempts need the store and the
 sinks: they run here on the engine, as the local executor runs them.
 
 A worker that dies takes its attempts with it: the scheduler's
-``remove-worker`` event names the tasks it was processing; each becomes a
-``lost`` attempt (the scheduler runs the item again in a fresh attempt, not
+``remove-worker`` event names the tasks it was processing; each of their
+attempts becomes a ``lost`` attempt (the scheduler runs the item again in a fresh attempt, not
 counted against ``retries``) and its Dask task is cancelled, so Dask's own
 rerun of it stops within a second wherever it started. A lost connection to
 the scheduler cancels every task (Dask's client does so); those attempts are
@@ -175,8 +176,12 @@ class DaskExecutor:
         self._done: SimpleQueue[Done | None] = SimpleQueue()
         self._pool = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="remote")
         self._local = ThreadPoolExecutor(max(1, min(self.slots, 8)), thread_name_prefix="item")
+        self._threads_n = max(1, sum(usable))
         self._lock = threading.Lock()
+        #: Attempt key -> (its pending job, the future of the task it is in).
         self._running: dict[str, tuple[Pending, Any]] = {}
+        #: Task key -> the attempt keys it runs.
+        self._tasks: dict[str, list[str]] = {}
         self._cancelled = False
         self.broken = ""
         self._checked = 0.0
@@ -217,7 +222,7 @@ class DaskExecutor:
     def cancel(self) -> None:
         with self._lock:
             self._cancelled = True
-            futures = [f for _, f in self._running.values() if f is not None]
+            futures = _unique(f for _, f in self._running.values() if f is not None)
         if futures:
             with contextlib.suppress(Exception):
                 self.client.cancel(futures)
@@ -269,7 +274,7 @@ class DaskExecutor:
             first = self._outbox.get()
             if first is None:
                 return
-            keys = [first, *_drain(self._outbox)]
+            keys = [first, *_gather_more(self._outbox)]
             stop = None in keys
             with self._lock:
                 batch = [(k, self._running[k][0]) for k in keys
@@ -279,38 +284,47 @@ class DaskExecutor:
             if stop:
                 return
 
-    def _send(self, task: Any, batch: list[tuple[str, Pending]]) -> None:
+    def _send(self, task: Any, ready: list[tuple[str, Pending]]) -> None:
         workers = list(self.cluster.allowed) if self.cluster.allowed is not None else None
+        groups = batches(ready, self._threads_n)
+        names = [f"{keys[0]}+{len(keys) - 1}" if len(keys) > 1 else keys[0]
+                 for keys in ([k for k, _ in g] for g in groups)]
+        with self._lock:
+            for name, group in zip(names, groups, strict=True):
+                self._tasks[name] = [k for k, _ in group]
         try:
-            futures = self.client.map(task, [p.job for _, p in batch],
-                                      key=[k for k, _ in batch], pure=False, workers=workers,
-                                      allow_other_workers=False)
+            tasks = self.client.map(task, [[p.job for _, p in g] for g in groups],
+                                    key=names, pure=False, workers=workers,
+                                    allow_other_workers=False)
         except Exception as exc:
             with self._lock:
-                for key, _ in batch:
+                for key, _ in ready:
                     self._running.pop(key, None)
+                for name in names:
+                    self._tasks.pop(name, None)
             self._check_client()  # a client that gave up: the run stops, resumable
-            for key, pending in batch:
+            for key, pending in ready:
                 self._finish(key, pending, None,
                              f"could not submit to the Dask scheduler: {exc}", None)
             return
         late = []
         with self._lock:
-            for (key, pending), fut in zip(batch, futures, strict=True):
-                if key in self._running:
-                    self._running[key] = (pending, fut)
-                    if self._cancelled:
-                        late.append(fut)
-                else:
-                    late.append(fut)  # settled meanwhile (lost, cancelled)
+            for group, fut in zip(groups, tasks, strict=True):
+                alive = False
+                for key, pending in group:
+                    if key in self._running:
+                        self._running[key] = (pending, fut)
+                        alive = True
+                if self._cancelled or not alive:
+                    late.append(fut)  # or settled meanwhile (the cluster broke)
         if late:
             with contextlib.suppress(Exception):
-                self.client.cancel(late)
+                self.client.cancel(_unique(late))
         if self.broken:
             self._settle_all()
             return
-        for (key, _), fut in zip(batch, futures, strict=True):
-            fut.add_done_callback(lambda f, key=key: self._inbox.put((key, f)))
+        for name, fut in zip(names, tasks, strict=True):
+            fut.add_done_callback(lambda f, name=name: self._inbox.put((name, f)))
 
     def _collector(self) -> None:
         """Fetches finished results in batches (one gather for all that are done)."""
@@ -318,48 +332,47 @@ class DaskExecutor:
             first = self._inbox.get()
             if first is None:
                 return
-            entries = [first, *_drain(self._inbox)]
+            entries = [first, *_gather_more(self._inbox)]
             stop = None in entries
             done = [e for e in entries if e is not None]
-            finished = [(k, f) for k, f in done if f.status == "finished"]
-            for key, fut in done:
+            finished = [(n, f) for n, f in done if f.status == "finished"]
+            for name, fut in done:
                 if fut.status != "finished":
-                    self._pool.submit(self._collect, key, fut)
+                    self._pool.submit(self._collect, name, fut)
             if finished:
                 self._gather(finished)
             if stop:
                 return
 
     def _gather(self, finished: list[tuple[str, Any]]) -> None:
-        with self._lock:
-            entries = [(k, self._running.pop(k, None), f) for k, f in finished]
-        live = [(k, e[0], f) for k, e, f in entries if e is not None]
-        if not live:
-            return
         try:
-            results = self.client.gather([f for _, _, f in live])
+            results = self.client.gather([f for _, f in finished])
         except Exception:
             # One of them went away between finishing and being fetched: one by one.
-            with self._lock:
-                for key, pending, fut in live:
-                    self._running[key] = (pending, fut)
-            for key, _, fut in live:
-                self._pool.submit(self._collect, key, fut)
+            for name, fut in finished:
+                self._pool.submit(self._collect, name, fut)
             return
-        for (key, pending, _), result in zip(live, results, strict=True):
-            self._pool.submit(self._finish, key, pending, result, "", None)
+        for (name, _), result in zip(finished, results, strict=True):
+            self._settle(name, result, "")
 
-    def _collect(self, key: str, fut: Any) -> None:
+    def _settle(self, name: str, results: list[Any] | None, why: str) -> None:
+        """Finish the attempts of task ``name`` still running here (a lost
+        worker may have settled some) with their results, or none and ``why``."""
         with self._lock:
-            entry = self._running.pop(key, None)
-        if entry is None:
-            return  # already settled (lost with its worker)
-        pending = entry[0]
-        result = None
+            keys = self._tasks.pop(name, [])
+            entries = [(k, self._running.pop(k, None)) for k in keys]
+        for n, (key, entry) in enumerate(entries):
+            if entry is None:
+                continue  # already settled (lost with its worker)
+            result = results[n] if results is not None and n < len(results) else None
+            self._pool.submit(self._finish, key, entry[0], result, why, None)
+
+    def _collect(self, name: str, fut: Any) -> None:
+        results: list[Any] | None = None
         why = ""
         try:
             if fut.status == "finished":
-                result = fut.result()
+                results = list(fut.result())
             elif fut.status == "cancelled":
                 why = "" if self._cancelled else \
                     "the connection to the Dask scheduler was lost during this attempt"
@@ -368,10 +381,12 @@ class DaskExecutor:
                 why = _describe(exc)
                 if type(exc).__name__ != "KilledWorker":
                     # Not a lost worker: the task itself failed (a bug, a missing install).
-                    result = JobResult("error", WorkerInfo("?", "", "", "", False), message=why)
+                    failed = JobResult("error", WorkerInfo("?", "", "", "", False), message=why)
+                    with self._lock:
+                        results = [failed] * len(self._tasks.get(name, []))
         except Exception as exc:
             why = _describe(exc)
-        self._finish(key, pending, result, why, None)
+        self._settle(name, results, why)
 
     def _finish(self, key: str, pending: Pending, result: Any, why: str,
                 where: dict[str, Any] | None) -> None:
@@ -398,12 +413,14 @@ class DaskExecutor:
         if not isinstance(msg, dict) or msg.get("action") != "remove-worker":
             return
         address = str(msg.get("worker", ""))
-        keys = set(msg.get("processing-tasks") or ())
+        tasks = set(msg.get("processing-tasks") or ())
         lost: list[tuple[str, Pending, Any]] = []
         with self._lock:
-            for key in keys & set(self._running):
-                pending, fut = self._running.pop(key)
-                lost.append((key, pending, fut))
+            for name in tasks & set(self._tasks):
+                for key in self._tasks.pop(name):
+                    entry = self._running.pop(key, None)
+                    if entry is not None:
+                        lost.append((key, *entry))
         if not lost:
             return
         info = dict(self.cluster.workers.get(address) or {"name": address, "address": address})
@@ -414,7 +431,7 @@ class DaskExecutor:
 
     def _lose(self, lost: list[tuple[str, Pending, Any]], where: dict[str, Any]) -> None:
         # Dask reruns a dead worker's tasks elsewhere: cancelled, so that rerun stops.
-        futures = [f for _, _, f in lost if f is not None]
+        futures = _unique(f for _, _, f in lost if f is not None)
         if futures:
             with contextlib.suppress(Exception):
                 self.client.cancel(futures)
@@ -457,19 +474,72 @@ class DaskExecutor:
 
     def _break(self, why: str) -> None:
         self.broken = why
+        # The engine hears of the interrupt before any attempt it ends.
+        if self.on_broken is not None:
+            self.on_broken()
         self.cancel()
         if self.client.status in ("closed", "closing"):
             # A closed client never reports its futures again: they end here.
             self._settle_all()
-        if self.on_broken is not None:
-            self.on_broken()
 
     def _settle_all(self) -> None:
         with self._lock:
             left = list(self._running.items())
             self._running.clear()
+            self._tasks.clear()
         for key, (pending, _) in left:
             self._pool.submit(self._finish, key, pending, None, self.broken, None)
+
+
+#: How long the submitter and the collector wait for more of a batch once
+#: one entry is there, and the batch they stop waiting at. Each scheduler
+#: round trip (a graph update, a gather) costs the scheduler and this engine
+#: about a millisecond of CPU whatever its size: one per item made them
+#: compete with the jails for the CPUs.
+BATCH_WAIT = 0.01
+BATCH_SIZE = 32
+
+
+def _gather_more(q: SimpleQueue[Any]) -> list[Any]:
+    """What else comes into ``q`` within ``BATCH_WAIT`` (up to ``BATCH_SIZE``); stops
+    at once at ``None`` (closing)."""
+    out = _drain(q)
+    deadline = time.monotonic() + BATCH_WAIT
+    while len(out) < BATCH_SIZE and None not in out:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            out.append(q.get(timeout=left))
+        except Empty:
+            break
+        out += _drain(q)
+    return out
+
+
+#: The most small jobs one Dask task runs.
+BATCH_MAX = 8
+
+
+def batches(ready: list[tuple[str, Pending]], threads: int
+            ) -> list[list[tuple[str, Pending]]]:
+    """``ready`` jobs as Dask tasks: with more ``run:`` jobs ready than twice
+    the workers' threads, several to a task (at most ``BATCH_MAX``, about a
+    fair share of the ready ones per thread), so no thread idles while
+    another has a long batch; an agent's job always has a task of its own."""
+    runs = [r for r in ready if r[1].job.kind == "run"]
+    out = [[r] for r in ready if r[1].job.kind != "run"]
+    size = max(1, min(BATCH_MAX, len(runs) // (2 * threads)))
+    out += [runs[i:i + size] for i in range(0, len(runs), size)]
+    return out
+
+
+def _unique(futures: Any) -> list[Any]:
+    """Each future once (the attempts of a batch share one)."""
+    seen: dict[int, Any] = {}
+    for f in futures:
+        seen.setdefault(id(f), f)
+    return list(seen.values())
 
 
 def _drain(q: SimpleQueue[Any]) -> list[Any]:

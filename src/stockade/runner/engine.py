@@ -199,6 +199,10 @@ class Engine:
                 if wake is not None:
                     timeout = max(0.0, min(timeout, wake - self.ctx.clock()))
                 done = self.executor.completed(timeout)
+                # An interrupt that came while waiting goes before the outcomes
+                # that came with it: attempts it ended (a cluster gone for good)
+                # are then interrupted attempts of an interrupted run, not failures.
+                status = self._check_interrupt()
                 if not done:
                     self.flush()
                 for attempt, outcome in done:

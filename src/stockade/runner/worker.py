@@ -306,9 +306,19 @@ def _task_cancelled() -> Callable[[], bool]:
     return check
 
 
-def dask_task(job: Job) -> JobResult:
-    """What the Dask executor submits: ``run_job`` that stops when its task is cancelled."""
-    return run_job(job, cancelled=_task_cancelled())
+def dask_task(jobs: list[Job]) -> list[JobResult]:
+    """What the Dask executor submits: a batch of jobs run one after another
+    (one Dask task for several small items: each task costs the scheduler and
+    the engine's client a round of their own), each stopping when the task is
+    cancelled; a job the cancel reached before it began is ``cancelled``."""
+    cancelled = _task_cancelled()
+    out = []
+    for job in jobs:
+        if cancelled():
+            out.append(JobResult("cancelled", _info(job.sandbox or "", False), message="cancelled"))
+            continue
+        out.append(run_job(job, cancelled=cancelled))
+    return out
 
 
 def probe_worker(requested: str | None = None, full: bool = False,
