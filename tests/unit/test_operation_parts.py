@@ -164,21 +164,25 @@ def test_available_cpus_honours_the_quota(tmp_path: Path) -> None:
     assert 1 <= available_cpus() <= 1024
 
 
-@pytest.mark.parametrize(("kinds", "threads", "sizes"), [
-    (["run"] * 4, 2, [1, 1, 1, 1]),  # no more ready than twice the threads: one each
-    (["run"] * 12, 2, [3, 3, 3, 3]),  # a fair share per thread
-    (["run"] * 100, 2, [8] * 12 + [4]),  # at most BATCH_MAX
-    (["agent", "run", "agent"] + ["run"] * 8, 1, [1, 1, 4, 4, 1]),  # agents alone
-    ([], 4, []),
+@pytest.mark.parametrize(("kinds", "threads", "waiting", "sizes"), [
+    (["run"] * 4, 2, 0, [1, 1, 1, 1]),  # no more ready than twice the threads: one each
+    (["run"] * 12, 2, 0, [3, 3, 3, 3]),  # two tasks per thread
+    (["run"] * 100, 2, 0, [8] * 12 + [4]),  # at most BATCH_MAX
+    (["run"] * 4, 2, 3, [1, 1, 1, 1]),  # a thread without two tasks waiting: spread
+    (["run"] * 4, 2, 4, [4]),  # every thread has two waiting: one larger task
+    (["run"] * 20, 2, 9, [8, 8, 4]),
+    (["agent", "run", "agent"] + ["run"] * 8, 1, 0, [1, 1, 4, 4, 1]),  # agents alone
+    (["agent"], 1, 5, [1]),
+    ([], 4, 0, []),
 ])
-def test_dask_batches(kinds: list[str], threads: int, sizes: list[int]) -> None:
+def test_dask_batches(kinds: list[str], threads: int, waiting: int, sizes: list[int]) -> None:
     from types import SimpleNamespace
 
     from stockade.runner.dask_executor import batches
 
     ready: list[Any] = [(f"k{i}", SimpleNamespace(job=SimpleNamespace(kind=k)))
                         for i, k in enumerate(kinds)]
-    groups = batches(ready, threads)
+    groups = batches(ready, threads, waiting)
     assert [len(g) for g in groups] == sizes
     # Every job in exactly one task, agents first, runs in their order.
     flat = [k for g in groups for k, _ in g]
