@@ -2,7 +2,8 @@
 
 ``--strict-skips`` (CI passes it) turns every skip into a failure: a sandbox
 test that skipped because bubblewrap or PostgreSQL is missing is a broken CI
-machine, not a pass.
+machine, not a pass. That holds for a whole module that skips itself while
+it is imported, too.
 """
 
 from __future__ import annotations
@@ -33,6 +34,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     outcome = yield
     report = outcome.get_result()
     if report.skipped and item.config.getoption("--strict-skips"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under --strict-skips: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-untyped-def]
+    # A module that skips itself while imported (``pytest.importorskip`` at
+    # the top) is skipped at collection, before any test report: the same rule.
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and collector.config.getoption("--strict-skips"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped under --strict-skips: {reason}"

@@ -102,6 +102,14 @@ def test_an_agent_item_on_a_worker_never_sees_the_key(provider: str,
     assert data["usage"].get("model_calls") == 3
     assert len(seen) == 3 and len(checked) == 3
     assert not leaks, leaks
+    # The file scan finds the key where it is (positive control of the check).
+    canary = dask_cluster.base / f"canary-{secrets.token_hex(4)}" / "deep" / "k.bin"
+    canary.parent.mkdir(parents=True)
+    canary.write_bytes(b"prefix " + key.encode() + b" suffix")
+    try:
+        assert str(canary) in _files_with(dask_cluster.base, key.encode())
+    finally:
+        canary.unlink()
     # The server accepted the calls: the real key arrived there (added by the engine).
     auth = seen[0].headers.get("authorization") or seen[0].headers.get("x-api-key") or ""
     assert key in auth

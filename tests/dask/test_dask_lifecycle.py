@@ -6,8 +6,6 @@ import json
 import os
 import signal
 import sqlite3
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import daskcluster
@@ -15,6 +13,7 @@ import pytest
 
 from tests.dask.conftest import all_attempts
 from tests.integration.conftest import Project
+from tests.sandbox.lifetime_helpers import await_
 
 SLOW = """\
 name: slow
@@ -28,15 +27,6 @@ steps:
 vars:
   pause: 3
 """
-
-
-def _wait(what: str, check: Callable[[], bool], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _busy(scratch: Path) -> bool:
@@ -58,7 +48,7 @@ def test_a_worker_killed_mid_run_loses_its_attempts_and_the_run_succeeds(
                   .replace("pause: 3", f"pause: {pause}"))
     proc = project.popen("run", "wf.yaml", "--executor", private_cluster.url, "--json")
     try:
-        _wait("an attempt running on the victim", lambda: _busy(victim.scratch))
+        await_(lambda: _busy(victim.scratch), "an attempt running on the victim", 120)
         private_cluster.kill("victim")
         out, err = proc.communicate(timeout=300)
     finally:
@@ -102,13 +92,13 @@ def test_kill_9_of_the_engine_then_resume(dask_cluster: daskcluster.Cluster,
     proc = project.popen("run", "wf.yaml", "--executor", dask_cluster.url, "--run-id", "r-dask",
                          "--jobs", "2")
     try:
-        _wait("two finished items", lambda: _succeeded(project) >= 2, timeout=240)
+        await_(lambda: _succeeded(project) >= 2, "two finished items", 240)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
     # The dead engine's tasks are released by the scheduler and their jails stop.
     for w in dask_cluster.workers.values():
-        _wait(f"{w.name}'s scratch to empty", lambda w=w: not _busy(w.scratch), timeout=120)
+        await_(lambda w=w: not _busy(w.scratch), f"{w.name}'s scratch to empty", 120)
     shown = project.run("runs", "--json")
     assert [r["status"] for r in shown.json() if r["run_id"] == "r-dask"] == ["crashed"]
     # resume goes back to the run's own cluster (recorded in its manifest).
@@ -137,8 +127,8 @@ def test_a_scheduler_restart_mid_run_is_survived(private_cluster: daskcluster.Cl
     project.write("wf.yaml", SLOW)
     proc = project.popen("run", "wf.yaml", "--executor", private_cluster.url, "--json")
     try:
-        _wait("an attempt running", lambda: any(_busy(w.scratch)
-                                                 for w in private_cluster.workers.values()))
+        await_(lambda: any(_busy(w.scratch) for w in private_cluster.workers.values()),
+               "an attempt running", 120)
         private_cluster.kill_scheduler()
         private_cluster.start_scheduler()
         for name in ("n3", "n4"):
@@ -162,7 +152,7 @@ def test_a_scheduler_that_stays_away_stops_the_run_resumable(
                          env={"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "5s",
                               "STOCKADE_DASK_WAIT_WORKERS": "5"})
     try:
-        _wait("an attempt running", lambda: _busy(private_cluster.workers["w1"].scratch))
+        await_(lambda: _busy(private_cluster.workers["w1"].scratch), "an attempt running", 120)
         private_cluster.kill_scheduler()
         _out, err = proc.communicate(timeout=300)
     finally:
@@ -181,7 +171,8 @@ def test_a_cluster_left_without_workers_stops_the_run_resumable(
     proc = project.popen("run", "wf.yaml", "--executor", private_cluster.url, "--run-id",
                          "orphan", env={"STOCKADE_DASK_WAIT_WORKERS": "4"})
     try:
-        _wait("an attempt running", lambda: _busy(private_cluster.workers["only"].scratch))
+        await_(lambda: _busy(private_cluster.workers["only"].scratch), "an attempt running",
+               120)
         private_cluster.kill("only")
         _out, err = proc.communicate(timeout=300)
     finally:

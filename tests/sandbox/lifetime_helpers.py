@@ -71,6 +71,16 @@ def kill_marked(marker: str) -> None:
             os.kill(pid, 9)
 
 
+def cgroup_of(pid: int, controller: str = "") -> str:
+    """``pid``'s cgroup path: in the v2 hierarchy, or with ``controller``
+    the v1 hierarchy that has it ("" when there is none)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if (controller in controllers.split(",")) if controller else controllers == "":
+            return path
+    return ""
+
+
 def await_(condition: Callable[[], object], what: str, timeout: float = 30.0) -> float:
     """Poll until ``condition()`` holds; returns the seconds it took."""
     start = time.monotonic()

@@ -30,6 +30,7 @@ from tests.sandbox.conftest import World, needs_c_launcher
 from tests.sandbox.lifetime_helpers import (
     ALL_BACKENDS,
     await_,
+    cgroup_of,
     kill_engine_and_expect_jails_gone,
     kill_marked,
     marked,
@@ -221,13 +222,6 @@ def test_an_unprivileged_engines_jails_die_with_it(tmp_path: Path) -> None:
         assert report["mechanism"] == "pgroup", report  # nobody has no delegated cgroup
 
 
-def _v2_cgroup_of(pid: int) -> str:
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        if line.startswith("0::"):
-            return line[3:]
-    return ""
-
-
 def test_the_c_launcher_creates_a_jail_inside_its_cgroup(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -251,7 +245,7 @@ def test_the_c_launcher_creates_a_jail_inside_its_cgroup(
             b = launcher.spawn("/bin/sleep", ["sleep", "30"], {}, fds,
                                cgroups=[written.join_fds[0]], cgroup_dir=not_a_cgroup)  # fmt: skip
         for running, group in ((a, into), (b, written)):
-            inside = _v2_cgroup_of(running.pid)
+            inside = cgroup_of(running.pid)
             assert inside.count("/") == 2 and str(group.cgroup).endswith(inside), inside
         for r in (a, b):
             r.kill(0.1)

@@ -20,7 +20,7 @@ import pytest
 from stockade.sandbox import Backend, _lifetime, _uids
 from stockade.sandbox.none import NoneBackend
 from tests.sandbox.conftest import World, make_world, placed_world
-from tests.sandbox.lifetime_helpers import await_, marked, pinned_lifetime
+from tests.sandbox.lifetime_helpers import await_, cgroup_of, marked, pinned_lifetime
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="jail uids are a root engine's")
 
@@ -45,10 +45,7 @@ def place(request: pytest.FixtureRequest, backend: Backend, tmp_path: Path) -> I
 
 def _cgroup_line(pid: int, lifetime: _lifetime.Lifetime) -> str:
     """The path of ``pid``'s cgroup in the hierarchy that ends the jail."""
-    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-    if lifetime.mode == "cgroup2":
-        return next(line[3:] for line in lines if line.startswith("0::"))
-    return next(line.split(":", 2)[2] for line in lines if "freezer" in line.split(":")[1])
+    return cgroup_of(pid, "" if lifetime.mode == "cgroup2" else "freezer")
 
 
 def _status_ids(pid: int) -> tuple[list[int], list[int]]:
