@@ -247,3 +247,21 @@ def test_a_toolchain_on_dask_is_refused_before_the_run(dask_cluster: daskcluster
     assert not (project.root / "runs").exists() or not list((project.root / "runs").iterdir())
     ok = project.run("run", "wf.yaml", timeout=300)  # positive control: local runs it
     assert ok.code == 0, ok.err
+
+
+def test_an_image_on_dask_is_refused_before_it_is_unpacked(dask_cluster: daskcluster.Cluster,
+                                                           project: Project) -> None:
+    from tests.images import busybox_rootfs, oci_layout, tree_layer
+
+    oci_layout(project.path / "oci", [tree_layer(busybox_rootfs(project.path / "rootfs"))],
+               path="/bin")
+    project.write("wf.yaml", "name: t\nsteps:\n  - id: a\n    image: oci\n    run: echo hi\n")
+    r = project.run("run", "wf.yaml", "--executor", dask_cluster.url, timeout=300)
+    assert r.code == 2, r.err
+    assert "steps a declare mounts: or image:" in r.err and "Traceback" not in r.err
+    assert "unpacking image" not in r.err
+    assert not (project.root / "images").exists()
+    # Positive control: run here, the same image is unpacked under the root.
+    ok = project.run("run", "wf.yaml", "--sandbox", "bwrap", timeout=300)
+    assert ok.code == 0, ok.err
+    assert any((project.root / "images").iterdir())

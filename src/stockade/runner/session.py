@@ -245,6 +245,18 @@ _REMOTE_TOOLCHAINS = (
 )
 
 
+def _toolchains(spec: Spec, base: Path, root: Path, choice: SandboxChoice, remote: Any,
+                reporter: Reporter) -> dict[str, toolchains.Toolchain]:
+    """The steps' toolchains, for a run or a resume; a run on Dask with any is
+    refused before a folder is fingerprinted or an image unpacked."""
+    if remote is not None:
+        steps = toolchains.declared(spec)
+        if steps:
+            raise UserError(_REMOTE_TOOLCHAINS.format(steps=", ".join(sorted(steps))))
+        return {}
+    return toolchains.resolve(spec, base, root, choice.backend.name, reporter.echo)
+
+
 @dataclass
 class Prepared:
     """A checked workflow bound to this machine, ready to execute as one run."""
@@ -343,9 +355,7 @@ def start_run(
         if run.path.exists():
             raise UserError(f"run id {run_id!r} is taken: {run.path} exists; run ids are never "
                             "reused")
-        tools = toolchains.resolve(spec, base, run.root, choice.backend.name, reporter.echo)
-        if remote is not None and tools:
-            raise UserError(_REMOTE_TOOLCHAINS.format(steps=", ".join(sorted(tools))))
+        tools = _toolchains(spec, base, run.root, choice, remote, reporter)
         store = open_run_store(run.root, opts.store_url, env)
     except BaseException:
         if remote is not None:
@@ -456,9 +466,7 @@ def resume_run(
         if require and not choice.enforced:
             raise UserError(f"this run requires an enforced sandbox, but {choice.line}")
     try:
-        tools = toolchains.resolve(spec, base, root, choice.backend.name, reporter.echo)
-        if remote is not None and tools:
-            raise UserError(_REMOTE_TOOLCHAINS.format(steps=", ".join(sorted(tools))))
+        tools = _toolchains(spec, base, root, choice, remote, reporter)
         moved = toolchains.changed(manifest.get("toolchains") or {}, tools)
         if moved:
             raise UserError(f"{'; '.join(moved)} changed since run {run_id} started; start a "

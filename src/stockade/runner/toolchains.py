@@ -192,14 +192,22 @@ class _Resolver:
         return None
 
 
+def declared(spec: Spec) -> list[str]:
+    """The ``run:`` steps that declare a toolchain (``mounts:``, theirs or the
+    workflow's, or ``image:``), without looking at any path."""
+    return [s.id for s in spec.workflow.steps
+            if s.kind == "run" and (s.mounts or spec.workflow.mounts or s.image)]
+
+
 def resolve(spec: Spec, base: Path, root: Path, backend: str,
             echo: Callable[[str], None]) -> dict[str, Toolchain]:
     """Every ``run:`` step's toolchain (those with none are left out); a
     ``UserError`` lists every problem, located."""
     r = _Resolver(spec, base, root, echo)
     out: dict[str, Toolchain] = {}
+    wanted = set(declared(spec))
     for i, step in enumerate(spec.workflow.steps):
-        if step.kind != "run" or not (step.mounts or spec.workflow.mounts or step.image):
+        if step.id not in wanted:
             continue
         if step.image is not None:
             if backend != "bwrap":
