@@ -196,6 +196,8 @@ def test_backends_without_a_mount_namespace_refuse_an_image(name: str, tmp_path:
     backend = get_backend(name)
     if not backend.availability().available:
         pytest.skip(f"{name} is not available here")
+    # What the runner reads to refuse image: at run start says the same.
+    assert not backend.mount_namespace and get_backend("bwrap").mount_namespace
     (tmp_path / "work").mkdir()
     policy = Policy(argv=("/bin/true",), work_dir=tmp_path / "work", scratch_dir=tmp_path / "s",
                     env={"PATH": "/bin"}, image_root=tmp_path)

@@ -11,6 +11,7 @@ import pytest
 
 from stockade.runner.toolchains import MountUse, Toolchain, changed
 from stockade.sandbox import ExtraMount
+from stockade.sandbox.bwrap import BwrapBackend
 from stockade.sandbox.image import Image
 from stockade.sandbox.toolchain import (
     SYSTEM_DIRS,
@@ -164,4 +165,4 @@ def test_a_mount_may_not_show_the_run_root(tmp_path: Path, where: str) -> None:
     wf = f"name: w\nsteps:\n  - id: a\n    mounts: [{mount}]\n    run: x\n"
     spec = load_workflow(wf.encode(), "wf.yaml")
     with pytest.raises(UserError, match=r"wf.yaml:4:14: mounts: .* holds the stockade root"):
-        resolve(spec, tmp_path / "proj", root, "bwrap", lambda _: None)
+        resolve(spec, tmp_path / "proj", root, BwrapBackend, lambda _: None)

@@ -254,7 +254,7 @@ def _toolchains(spec: Spec, base: Path, root: Path, choice: SandboxChoice, remot
         if steps:
             raise UserError(_REMOTE_TOOLCHAINS.format(steps=", ".join(sorted(steps))))
         return {}
-    return toolchains.resolve(spec, base, root, choice.backend.name, reporter.echo)
+    return toolchains.resolve(spec, base, root, type(choice.backend), reporter.echo)
 
 
 @dataclass

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.errors import Problem, UserError
+from stockade.sandbox.base import Backend
 from stockade.sandbox.image import Image, ImageError, open_image
 from stockade.sandbox.policy import ExtraMount
 from stockade.sandbox.toolchain import SYSTEM_DIRS, fingerprint, needs_of, within
@@ -199,7 +200,7 @@ def declared(spec: Spec) -> list[str]:
             if s.kind == "run" and (s.mounts or spec.workflow.mounts or s.image)]
 
 
-def resolve(spec: Spec, base: Path, root: Path, backend: str,
+def resolve(spec: Spec, base: Path, root: Path, backend: type[Backend],
             echo: Callable[[str], None]) -> dict[str, Toolchain]:
     """Every ``run:`` step's toolchain (those with none are left out); a
     ``UserError`` lists every problem, located."""
@@ -210,9 +211,9 @@ def resolve(spec: Spec, base: Path, root: Path, backend: str,
         if step.id not in wanted:
             continue
         if step.image is not None:
-            if backend != "bwrap":
+            if not backend.mount_namespace:
                 r.add(("steps", i, "image"),
-                      f"image: the {backend} backend cannot give a step another root filesystem "
+                      f"image: the {backend.name} backend cannot give a step another root filesystem "
                       "(it has no mount namespace); image: needs the bwrap backend "
                       "(apt-get install bubblewrap, or --sandbox bwrap)")
                 continue

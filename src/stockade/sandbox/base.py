@@ -51,6 +51,10 @@ class Backend(abc.ABC):
     """One way of running a policy. Subclasses are stateless apart from caches."""
 
     name: ClassVar[str]
+    #: The jail has a mount namespace of its own: it can show a folder at
+    #: another path (a toolchain's declared one) and take another root
+    #: filesystem (``image:``). Without one, ``image:`` is refused at run start.
+    mount_namespace: ClassVar[bool] = False
 
     @abc.abstractmethod
     def availability(self) -> Availability:

@@ -435,6 +435,7 @@ def _memory_tmp() -> str | None:
 
 class BwrapBackend(Backend):
     name = "bwrap"
+    mount_namespace = True
 
     def __init__(self, bwrap: str | None = None, launcher: Launcher | None = None) -> None:
         self._bwrap = bwrap or shutil.which("bwrap") or "/usr/bin/bwrap"

@@ -166,7 +166,7 @@ def with_world(attempt: Attempt, backend: Backend, policy: Policy,
     toolchain = attempt.run.toolchains.get(attempt.step.id)
     if toolchain and attempt.step.isolate:
         policy = replace(
-            policy, mounts=policy.mounts + toolchain.mounts_for(backend.name == "bwrap"),
+            policy, mounts=policy.mounts + toolchain.mounts_for(backend.mount_namespace),
             image_root=Path(toolchain.image.rootfs) if toolchain.image is not None else None,
         )
     shared = tuple(ExtraMount(m.bind_source, str(policy.work_dir / m.name))
