@@ -130,14 +130,6 @@ def step_environment(attempt: Attempt) -> dict[str, str]:
     return env
 
 
-def input_sharing(attempt: Attempt, backend: Backend) -> InputSharing:
-    """How large inputs reach this attempt's jail (``STOCKADE_SHARE_INPUTS=0``:
-    always a copy, to compare in benchmarks)."""
-    if attempt.run.host_env.get("STOCKADE_SHARE_INPUTS") == "0":
-        return "copy"
-    return backend.input_sharing()
-
-
 def prepare(attempt: Attempt, inputs: list[Materialised],
             sharing: InputSharing | None = None) -> Prepared:
     """Render and write the declared inputs into the fresh ``work/``; build the environment.
@@ -148,8 +140,10 @@ def prepare(attempt: Attempt, inputs: list[Materialised],
     """
     step = attempt.step
     backend = attempt.run.backend if step.isolate else attempt.run.none_backend
-    if sharing is None or attempt.run.host_env.get("STOCKADE_SHARE_INPUTS") == "0":
-        sharing = input_sharing(attempt, backend)
+    if attempt.run.host_env.get("STOCKADE_SHARE_INPUTS") == "0":
+        sharing = "copy"  # always a copy, to compare against in benchmarks
+    elif sharing is None:
+        sharing = backend.input_sharing()
     for name, template in step.inputs.items():
         with attempt.located("inputs", name):
             value = render_value(template, attempt.context, functions=attempt.run.functions)
