@@ -17,7 +17,7 @@ import contextlib
 import os
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
@@ -40,7 +40,6 @@ class RemoteRun:
     require: bool
     artifacts: str | None
     gateway: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def close(self) -> None:
         if self.gateway is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -154,7 +154,6 @@ class JobResult:
     records: tuple[Blob, ...] = ()
     agent: AgentResult | None = None
     seconds: float = 0.0
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 class BlobMismatch(Exception):

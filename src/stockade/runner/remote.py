@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,6 @@ class Pending:
     env: dict[str, str]
     action: Any
     grant: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def job_id(attempt: Attempt) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stockade import __version__
 from stockade.errors import UserError
@@ -46,6 +46,9 @@ from stockade.workspace.artifacts import HostFile, HostTree, host_file, host_tre
 from stockade.workspace.ids import check_run_id, uuid7
 from stockade.workspace.layout import RunDir, read_json, write_json
 from stockade.workspace.runlock import RunLock
+
+if TYPE_CHECKING:  # the Dask side is imported only when a run uses it
+    from stockade.runner.dask_executor import DaskExecutor
 
 
 @dataclass(frozen=True)
@@ -522,14 +525,14 @@ def remote_choice(remote: Any) -> SandboxChoice:
     return SandboxChoice(backend, cluster.enforced, (), cluster.line(), label=cluster.backend)
 
 
-def _on_broken(executor: Executor, engine: Engine, reporter: Reporter) -> None:
+def _on_broken(executor: DaskExecutor, engine: Engine, reporter: Reporter) -> None:
     """A cluster gone for good stops the run as interrupted (resumable), saying why."""
 
     def broken() -> None:
-        reporter.echo(f"error: {getattr(executor, 'broken', '')}")
+        reporter.echo(f"error: {executor.broken}")
         engine.interrupt()
 
-    executor.on_broken = broken  # type: ignore[attr-defined]
+    executor.on_broken = broken
 
 
 def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
@@ -564,10 +567,11 @@ def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
         captures=Captures(), toolchains=p.toolchains,
     )
     executor: Executor
+    dask: DaskExecutor | None = None
     if p.remote is not None:
         from stockade.runner.dask_session import make_executor
 
-        executor = make_executor(p.remote, opts.jobs,
+        executor = dask = make_executor(p.remote, opts.jobs,
                                  any(s.kind == "agent" for s in spec.workflow.steps),
                                  hooks.reporter.echo, hooks.interactive, p.env)
     else:
@@ -582,8 +586,8 @@ def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
         engine = Engine(spec=spec, plan=p.plan, run=run, context=context, executor=executor,
                         vars=p.values, reporter=hooks.reporter, resume=resume, reuse=reuse)
         interrupts.attach(engine.interrupt)
-        if p.remote is not None:
-            _on_broken(executor, engine, hooks.reporter)
+        if dask is not None:
+            _on_broken(dask, engine, hooks.reporter)
         try:
             summary = engine.execute()
         finally:
@@ -593,7 +597,8 @@ def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
             if p.remote is not None:
                 from stockade.runner.dask_session import record_workers
 
-                record_workers(run, p.remote, executor)  # type: ignore[arg-type]
+                if dask is not None:
+                    record_workers(run, p.remote, dask)
                 p.remote.close()
         ended = clock()
         store.update_run(run.run_id, status=summary.status, ended_at=ended)
