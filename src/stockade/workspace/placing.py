@@ -114,17 +114,31 @@ def _check(work: Path, name: str, got: str, want: str, what: str) -> None:
 
 def copy_in(src: int, work: Path, name: str, want: str, what: str) -> Placed:
     """Reflink or stream ``src`` (read from its start) to the new ``work/name``."""
+    placed = _clone_in(src, work, name, want, what, or_copy=True)
+    assert placed is not None
+    return placed
+
+
+def _clone_in(src: int, work: Path, name: str, want: str, what: str, *,
+              or_copy: bool) -> Placed | None:
+    """``src`` as the new ``work/name``: a reflink, else (``or_copy``) a copy
+    streamed from its start, else nothing (None, no file left); checked
+    against ``want`` by what was written."""
     dst = _new_file(work, name)
+    how = ""
     try:
         if clone_fd(src, dst):
             got, size = sha256_fd(dst)  # the clone's bytes are what the jail reads
             how = "reflink"
-        else:
+        elif or_copy:
             os.lseek(src, 0, os.SEEK_SET)
             got, size = copy_fd(src, dst)
             how = "copy"
     finally:
         os.close(dst)
+    if not how:
+        _remove(work, name)
+        return None
     _check(work, name, got, want, what)
     return Placed(how, got, size)
 
@@ -164,17 +178,9 @@ def share_in(src: int, work: Path, name: str, want: str, what: str, sharing: Sha
     if sharing == "copy" or st.st_size < SHARE_MIN:
         return copy_in(src, work, name, want, what)
     if sharing == "link":
-        dst = _new_file(work, name)
-        try:
-            cloned = clone_fd(src, dst)
-            if cloned:
-                got, size = sha256_fd(dst)
-        finally:
-            os.close(dst)
-        if cloned:
-            _check(work, name, got, want, what)
-            return Placed("reflink", got, size)
-        _remove(work, name)
+        placed = _clone_in(src, work, name, want, what, or_copy=False)
+        if placed is not None:
+            return placed
     # Read-only for everyone but the engine, and the engine's (a root engine
     # takes back what a jail made): no jail can change what it shares.
     me = os.geteuid()
