@@ -32,11 +32,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
     outcome = yield
-    report = outcome.get_result()
-    if report.skipped and item.config.getoption("--strict-skips"):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        report.outcome = "failed"
-        report.longrepr = f"skipped under --strict-skips: {reason}"
+    _fail_a_skip(outcome.get_result(), item.config)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -44,8 +40,11 @@ def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-
     # A module that skips itself while imported (``pytest.importorskip`` at
     # the top) is skipped at collection, before any test report: the same rule.
     outcome = yield
-    report = outcome.get_result()
-    if report.skipped and collector.config.getoption("--strict-skips"):
+    _fail_a_skip(outcome.get_result(), collector.config)
+
+
+def _fail_a_skip(report: pytest.TestReport | pytest.CollectReport, config: pytest.Config) -> None:
+    if report.skipped and config.getoption("--strict-skips"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped under --strict-skips: {reason}"
