@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -57,7 +58,8 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def cluster(base: Path, sandbox: str) -> Iterator[str]:
+def cluster(base: Path, sandbox: str) -> Iterator[tuple[str, dict[str, int]]]:
+    """A scheduler and workers w1, w2; yields its address and their pids."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("STOCKADE_")}
     procs = [subprocess.Popen([sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1",
@@ -79,7 +81,7 @@ def cluster(base: Path, sandbox: str) -> Iterator[str]:
 
         with Client(address, timeout=60, set_as_default=False) as c:
             c.wait_for_workers(2, timeout=120)
-        yield address
+        yield address, {"scheduler": procs[0].pid, "w1": procs[1].pid, "w2": procs[2].pid}
     finally:
         for p in reversed(procs):
             with contextlib.suppress(ProcessLookupError):
@@ -147,6 +149,22 @@ def stockade(tmp: Path, n: int, sandbox: str, executor: str) -> float:
     return wall
 
 
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """Each process's CPU time so far, with its finished children's (the jails)."""
+    import psutil  # type: ignore[import-untyped]  # a dependency of distributed
+
+    out = {}
+    for name, pid in pids.items():
+        t = psutil.Process(pid).cpu_times()
+        out[name] = t.user + t.system + t.children_user + t.children_system
+    return out
+
+
+def own_cpu(who: int) -> float:
+    r = resource.getrusage(who)
+    return float(r.ru_utime + r.ru_stime)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -163,13 +181,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="stockade-bench-dask-") as d:
         tmp = Path(d)
         tmp.chmod(0o755)
-        with cluster(tmp / "machines", args.sandbox) as address:
+        with cluster(tmp / "machines", args.sandbox) as (address, pids):
             url = "dask://" + address[len("tcp://"):]
             for _ in range(args.rounds):
                 for size in (1, n):
                     add(f"bare {size}", bare(address, size, None))
+                    before, mine = cpu_seconds(pids), own_cpu(resource.RUSAGE_SELF)
                     add(f"jail {size}", bare(address, size, args.sandbox))
+                    if size == n:  # CPU per item: the cluster's, and the client's (here)
+                        for k, v in cpu_seconds(pids).items():
+                            add(f"cpu jail {k}", (v - before[k]) / n * 1000)
+                        add("cpu jail client", (own_cpu(resource.RUSAGE_SELF) - mine) / n * 1000)
+                    before, kids = cpu_seconds(pids), own_cpu(resource.RUSAGE_CHILDREN)
                     add(f"dask {size}", stockade(tmp, size, args.sandbox, url))
+                    if size == n:  # the engine is a child process
+                        for k, v in cpu_seconds(pids).items():
+                            add(f"cpu dask {k}", (v - before[k]) / n * 1000)
+                        add("cpu dask client",
+                            (own_cpu(resource.RUSAGE_CHILDREN) - kids) / n * 1000)
                     add(f"local {size}", stockade(tmp, size, args.sandbox, "local"))
     m: dict[str, Any] = {k: statistics.median(v) for k, v in results.items()}
 
@@ -191,6 +220,12 @@ def main() -> None:
           "item")
     print(f"  --executor dask over --executor local       {per_item('dask', 'local'):8.2f} ms per "
           "item")
+    print(f"CPU per item ({n} items), ms:        scheduler   worker w1   worker w2   "
+          "client/engine")
+    for name, what in (("jail", "bare Dask, in the jail"), ("dask", "stockade --executor dask")):
+        cells = "".join(f"{m[f'cpu {name} {k}']:12.2f}" for k in ("scheduler", "w1", "w2",
+                                                                    "client"))
+        print(f"  {what:<32}{cells}")
 
 
 if __name__ == "__main__":
