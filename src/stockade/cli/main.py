@@ -13,14 +13,24 @@ import os
 import signal
 import sys
 
+from stockade import _pending
+
 
 def _quiet_interrupt(signum: int, frame: object) -> None:
+    _pending.record()
     raise SystemExit(130)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    _pending.record()
+    raise KeyboardInterrupt
 
 
 # Ctrl-C while the command line is still importing ends it as an interrupt
 # (130), without a traceback; ``main`` hands SIGINT back to Python once the
-# commands, which translate KeyboardInterrupt themselves, are loaded.
+# commands, which translate KeyboardInterrupt themselves, are loaded. Both
+# count it first (``stockade._pending``): raised inside an import's clean-up,
+# Python prints and drops the exception, and the run must not go on.
 if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "stockade":
     signal.signal(signal.SIGINT, _quiet_interrupt)
 
@@ -311,7 +321,9 @@ def schema() -> None:
 
 
 def main() -> None:
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if _pending.count:
+        raise SystemExit(EXIT_INTERRUPTED)  # a Ctrl-C while importing, dropped by Python
+    signal.signal(signal.SIGINT, _interrupt)
     cli(prog_name="stockade")
 
 

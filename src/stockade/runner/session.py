@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stockade import __version__
+from stockade import __version__, _pending
 from stockade.errors import UserError
 from stockade.plan import Plan, build_plan
 from stockade.runner import preflight, toolchains
@@ -202,7 +202,9 @@ class _Interrupts:
     """SIGINT and SIGTERM set a flag and call the engine, instead of raising anywhere."""
 
     def __init__(self) -> None:
-        self.count = 0
+        # A Ctrl-C whose KeyboardInterrupt Python dropped (``stockade._pending``)
+        # still interrupts: replayed into the engine when it attaches.
+        self.count = _pending.take()
         self.target: Callable[[], None] | None = None
 
     def __call__(self, signum: int, frame: object) -> None:
