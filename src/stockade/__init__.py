@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
+# The command line takes Ctrl-C from here on, not once its own module loads.
+from stockade import _pending  # noqa: E402
+
+_pending.install_for_command_line()
+
 
 def __getattr__(name: str) -> object:
     # Lazy: ``stockade`` is imported first by every command, before the command

@@ -16,11 +16,6 @@ import sys
 from stockade import _pending
 
 
-def _quiet_interrupt(signum: int, frame: object) -> None:
-    _pending.record()
-    raise SystemExit(130)
-
-
 def _interrupt(signum: int, frame: object) -> None:
     _pending.record()
     raise KeyboardInterrupt
@@ -32,7 +27,7 @@ def _interrupt(signum: int, frame: object) -> None:
 # count it first (``stockade._pending``): raised inside an import's clean-up,
 # Python prints and drops the exception, and the run must not go on.
 if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "stockade":
-    signal.signal(signal.SIGINT, _quiet_interrupt)
+    signal.signal(signal.SIGINT, _pending.quiet_interrupt)
 
 import json  # noqa: E402
 import time  # noqa: E402
