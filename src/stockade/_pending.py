@@ -7,7 +7,7 @@ come. The command line's handlers count each interrupt here before raising;
 ``runner.session`` replays the count into the engine when it takes over the
 signals, and ``cli.main`` exits 130 if one came while it was importing.
 
-Must not import anything of stockade (the package imports it first).
+The package imports it first. Imports nothing of stockade.
 """
 
 from __future__ import annotations
@@ -24,11 +24,29 @@ def record() -> None:
     count += 1
 
 
+def importing() -> bool:
+    """Whether a module is being imported right now (its import lock exists)."""
+    return bool(getattr(sys.modules.get("_frozen_importlib"), "_module_locks", None))
+
+
 def quiet_interrupt(signum: int, frame: object) -> None:
-    """SIGINT while the command line is still importing: counted, then an
-    exit 130 without a traceback."""
+    """SIGINT while the command line is still loading: counted, then an exit
+    130 without a traceback; inside an import only counted (``cli.main``
+    exits 130 for it once loaded)."""
     record()
-    raise SystemExit(130)
+    if not importing():
+        raise SystemExit(130)
+
+
+def interrupt(signum: int, frame: object) -> None:
+    """SIGINT once the command line runs: counted, then KeyboardInterrupt,
+    which the commands translate. Inside an import only counted: raised
+    there it may be dropped or wrapped by the module being imported (a
+    model library turns it into a schema error), and the run session
+    replays the count into the engine instead."""
+    record()
+    if not importing():
+        raise KeyboardInterrupt
 
 
 def install_for_command_line() -> None:

@@ -65,7 +65,16 @@ def _workflow(project: Project, marker: str) -> Path:
 
 def _interrupt(project: Project, wf: Path, run_id: str, *,
                delay: float | None) -> tuple[int, float, str]:
-    p = project.popen("run", str(wf), "--run-id", run_id, "--jobs", "4", env={"SLOW": "yes"})
+    # A terminal's foreground job starts with SIGINT at its default. Run in the
+    # background (``cmd &`` in a script), this test would pass SIGINT on as
+    # ignored, and a Ctrl-C before stockade's own handler would be lost: a
+    # signal the shell asked to ignore, not one the engine dropped.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:  # a caught signal is back at its default in the child after exec
+        p = project.popen("run", str(wf), "--run-id", run_id, "--jobs", "4",
+                          env={"SLOW": "yes"})
+    finally:
+        signal.signal(signal.SIGINT, previous)
     if delay is None:
         # The moment the first item's work/ appears.
         first = project.item(run_id, "sleepers", 0) / "work"

@@ -9,36 +9,23 @@ Must not import the engine or the sandbox backends.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
+import time
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
 
+import click
+
+# Ctrl-C while the command line loads ends it quietly (130): the handler is
+# the stockade package's own, installed when it loads (``stockade._pending``);
+# ``main`` then hands SIGINT to the commands as a counted KeyboardInterrupt.
 from stockade import _pending
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    _pending.record()
-    raise KeyboardInterrupt
-
-
-# Ctrl-C while the command line is still importing ends it as an interrupt
-# (130), without a traceback; ``main`` hands SIGINT back to Python once the
-# commands, which translate KeyboardInterrupt themselves, are loaded. Both
-# count it first (``stockade._pending``): raised inside an import's clean-up,
-# Python prints and drops the exception, and the run must not go on.
-if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "stockade":
-    signal.signal(signal.SIGINT, _pending.quiet_interrupt)
-
-import json  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from functools import wraps  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any, ClassVar, TypeVar  # noqa: E402
-
-import click  # noqa: E402
-
-from stockade.errors import StaleOutput, StockadeError, TamperedArtifact, UserError  # noqa: E402
+from stockade.errors import StaleOutput, StockadeError, TamperedArtifact, UserError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -318,7 +305,7 @@ def schema() -> None:
 def main() -> None:
     if _pending.count:
         raise SystemExit(EXIT_INTERRUPTED)  # a Ctrl-C while importing, dropped by Python
-    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGINT, _pending.interrupt)
     cli(prog_name="stockade")
 
 
