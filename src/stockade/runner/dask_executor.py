@@ -40,7 +40,6 @@ from stockade.runner.jobs import JobResult, WorkerInfo
 from stockade.runner.remote import Pending, RemoteSettings, build, complete
 from stockade.runner.status import AttemptStatus
 
-ENV = "STOCKADE_EXECUTOR"
 #: Engine threads that turn attempts into jobs and results into outcomes.
 ENGINE_THREADS = 4
 #: How long attempts may wait with no worker to run on before the run stops
@@ -155,10 +154,11 @@ QUEUED_MAX = 256
 def default_slots(threads: int) -> int:
     """Attempts in flight on a cluster of ``threads`` worker threads: each has
     up to 24 more waiting on the cluster (256 at most in all: each holds its
-    inline inputs in memory here). With 1 waiting per thread, threads idled
-    through the engine's round trip: 1,000 small items on 2 workers took 22.8 s
-    against 16.3 s for bare ``client.map``; with 8 waiting, 16.9 s
-    (``bench/bench_dask.py``)."""
+    inline inputs in memory here), enough for two full tasks per thread. With
+    1 waiting per thread, threads idled through the engine's round trip: 1,000
+    small items on 2 workers took 22.8 s against 16.3 s for bare
+    ``client.map``; with 24 and ``batches``, 11.7 s against 9.6 s, of which
+    the one-item runs' start-up is 0.9 s (``bench/bench_dask.py``)."""
     return threads + min(QUEUED_PER_THREAD * threads, QUEUED_MAX)
 
 
@@ -173,11 +173,11 @@ class DaskExecutor:
         threads = client.nthreads()
         usable = [n for a, n in threads.items()
                   if cluster.allowed is None or a in cluster.allowed]
-        self.slots = max(1, slots or default_slots(sum(usable)))
+        self._threads_n = max(1, sum(usable))
+        self.slots = max(1, slots or default_slots(self._threads_n))
         self._done: SimpleQueue[Done | None] = SimpleQueue()
         self._pool = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="remote")
         self._local = ThreadPoolExecutor(max(1, min(self.slots, 8)), thread_name_prefix="item")
-        self._threads_n = max(1, sum(usable))
         self._lock = threading.Lock()
         #: Attempt key -> (its pending job, the future of the task it is in).
         self._running: dict[str, tuple[Pending, Any]] = {}
@@ -358,20 +358,23 @@ class DaskExecutor:
         for (name, _), result in zip(finished, results, strict=True):
             self._settle(name, result, "")
 
-    def _settle(self, name: str, results: list[Any] | None, why: str) -> None:
+    def _settle(self, name: str, results: list[Any] | None, why: str,
+                default: Any = None) -> None:
         """Finish the attempts of task ``name`` still running here (a lost
-        worker may have settled some) with their results, or none and ``why``."""
+        worker may have settled some) with their results, or else ``default``
+        and ``why``."""
         with self._lock:
             keys = self._tasks.pop(name, [])
             entries = [(k, self._running.pop(k, None)) for k in keys]
         for n, (key, entry) in enumerate(entries):
             if entry is None:
                 continue  # already settled (lost with its worker)
-            result = results[n] if results is not None and n < len(results) else None
+            result = results[n] if results is not None and n < len(results) else default
             self._pool.submit(self._finish, key, entry[0], result, why, None)
 
     def _collect(self, name: str, fut: Any) -> None:
         results: list[Any] | None = None
+        failed = None
         why = ""
         try:
             if fut.status == "finished":
@@ -385,11 +388,9 @@ class DaskExecutor:
                 if type(exc).__name__ != "KilledWorker":
                     # Not a lost worker: the task itself failed (a bug, a missing install).
                     failed = JobResult("error", WorkerInfo("?", "", "", "", False), message=why)
-                    with self._lock:
-                        results = [failed] * len(self._tasks.get(name, []))
         except Exception as exc:
             why = _describe(exc)
-        self._settle(name, results, why)
+        self._settle(name, results, why, failed)
 
     def _finish(self, key: str, pending: Pending, result: Any, why: str,
                 where: dict[str, Any] | None) -> None:

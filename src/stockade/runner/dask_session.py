@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 from stockade.runner.dask_executor import Cluster, DaskExecutor, connect, survey
 from stockade.runner.remote import RemoteSettings
-from stockade.runner.roots import executor_url
+from stockade.runner.roots import EXECUTOR_ENV, executor_url
 from stockade.workspace.layout import RunDir, read_json, write_json
 
 GATEWAY_HOST_ENV = "STOCKADE_GATEWAY_HOST"
@@ -122,7 +122,7 @@ def record_workers(run: RunDir, remote: RemoteRun, executor: DaskExecutor) -> No
 
 def resume_url(option: str | None, manifest: Mapping[str, Any]) -> str | None:
     """``resume`` goes back to the run's cluster unless told otherwise (``--executor local``)."""
-    if option == "local" or (option is None and os.environ.get("STOCKADE_EXECUTOR") == "local"):
+    if option == "local" or (option is None and os.environ.get(EXECUTOR_ENV) == "local"):
         return None
     url = executor_url(option, os.environ)
     if url is not None:

@@ -28,9 +28,13 @@ def open_run_store(root: Path, url: str | None, env: Mapping[str, str]) -> Store
     return open_store(url or env.get("STOCKADE_STORE"), root)
 
 
+#: Where items run when ``--executor`` is not given.
+EXECUTOR_ENV = "STOCKADE_EXECUTOR"
+
+
 def executor_url(option: str | None, env: Mapping[str, str]) -> str | None:
     """``--executor``, else ``$STOCKADE_EXECUTOR``; None when that is unset,
     empty or ``local`` (this machine). Read here, not in the Dask module, so
     a local run does not pay for importing Dask (about 20 ms)."""
-    url = option or env.get("STOCKADE_EXECUTOR") or None
+    url = option or env.get(EXECUTOR_ENV) or None
     return None if url in (None, "", "local") else url
