@@ -46,8 +46,8 @@ from stockade.workspace.artifacts import (
     HostFile,
     HostTree,
     Output,
+    input_bytes,
     sha256_file,
-    to_json_value,
 )
 from stockade.workspace.layout import RunDir
 from stockade.workspace.records import InputRecord, OutputRecord, Provenance, SandboxUse
@@ -106,20 +106,13 @@ def input_digest(name: str, value: Any, refs: Sequence[str] = ()) -> InputDigest
     if isinstance(value, HostTree):
         return InputDigest(name, value.sha256, len(value.files),
                            {"kind": "tree", "path": value.rel, **more})
-    if isinstance(value, str):
-        data = value.encode("utf-8")
-        kind = "text"
-    else:
-        data = _JSON.encode(to_json_value(value)).encode()
-        kind = "json"
+    data, kind = input_bytes(value)
     return InputDigest(name, hashlib.sha256(data).hexdigest(), len(data), {"kind": kind, **more})
 
 
 #: Built once: ``json.dumps`` with options makes an encoder per call, a
 #: measurable part of keying 10,000 items.
 _dumps = json.JSONEncoder(sort_keys=True, ensure_ascii=False, default=str).encode
-#: As ``materialise`` writes a data input (its sha256 must match).
-_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False)
 
 
 def _static_part(attempt: Attempt) -> str:

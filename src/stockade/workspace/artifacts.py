@@ -44,7 +44,7 @@ from stockade.workspace.placing import Sharing, copy_in, share_in
 __all__ = [
     "Artifact", "ForgedReference", "HostFile", "HostTree", "Materialised", "Output",
     "OutputRefused", "check_input_name", "collect_outputs", "host_file", "host_tree",
-    "materialise", "payload_value", "sha256_file", "to_json_value",
+    "input_bytes", "materialise", "payload_value", "sha256_file", "to_json_value",
 ]
 
 def sha256_file(path: str | Path) -> tuple[str, int]:
@@ -345,11 +345,18 @@ def materialise(work: Path, name: str, value: Any, run_id: str, *,
         if value.refused:
             source["refused"] = [{"path": p, "why": why} for p, why in value.refused]
         return Materialised(name, value.sha256, len(value.files), source)
-    if isinstance(value, str):
-        data = value.encode("utf-8")
-        source = {"kind": "text"}
-    else:
-        data = json.dumps(to_json_value(value), ensure_ascii=False, sort_keys=True).encode("utf-8")
-        source = {"kind": "json"}
+    data, kind = input_bytes(value)
     write_new_file(work, name, data)
-    return Materialised(name, hashlib.sha256(data).hexdigest(), len(data), source)
+    return Materialised(name, hashlib.sha256(data).hexdigest(), len(data), {"kind": kind})
+
+
+#: Built once: ``json.dumps`` with options makes an encoder per call.
+_DATA = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
+
+
+def input_bytes(value: Any) -> tuple[bytes, str]:
+    """What the file of a text or data input holds, and its kind (``text`` or
+    ``json``). The reuse key hashes the same bytes before anything is written."""
+    if isinstance(value, str):
+        return value.encode("utf-8"), "text"
+    return _DATA.encode(to_json_value(value)).encode("utf-8"), "json"
