@@ -11,8 +11,7 @@ Must not import runner, workspace, sandbox or cli.
 from __future__ import annotations
 
 import abc
-import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -96,39 +95,6 @@ def add_usage(total: dict[str, int], more: Mapping[str, int]) -> dict[str, int]:
 #: night and every lookup reads them all; the newest few are what a lookup
 #: takes (``reuse_candidates`` returns at most 3, never the asking run's own).
 REUSE_KEEP = 4
-
-
-def reuse_found(rows: Iterable[Sequence[Any]], limit: int,
-               outputs_of: Callable[[str, str, list[int]], Iterable[Sequence[Any]]]
-               ) -> dict[str, list[ReuseCandidate]]:
-    """The first ``limit`` candidates per key from index rows ``(key, run_id,
-    step, item, attempt, root, result)`` newest first, each with its outputs.
-
-    ``outputs_of(run_id, step, items)`` reads those items' artifact rows (in
-    column order, by item and name), at most 500 items a call: by the
-    artifacts' primary key, only for the candidates kept (joining the index
-    read every indexed item's outputs, four times what ``limit=1`` takes).
-    """
-    kept: dict[str, list[Sequence[Any]]] = {}
-    for row in rows:
-        got = kept.setdefault(row[0], [])
-        if len(got) < limit:
-            got.append(row)
-    by_step: dict[tuple[str, str], set[int]] = {}
-    for got in kept.values():
-        for row in got:
-            by_step.setdefault((row[1], row[2]), set()).add(row[3])
-    outputs: dict[tuple[str, str, int, int], list[ArtifactRecord]] = {}
-    for (run_id, step), items in by_step.items():
-        ordered = sorted(items)
-        for i in range(0, len(ordered), 500):
-            for a in outputs_of(run_id, step, ordered[i:i + 500]):
-                outputs.setdefault((a[0], a[1], a[2], a[3]), []).append(ArtifactRecord(*a))
-    return {key: [ReuseCandidate(key, run_id, step, item, attempt, root,
-                                 tuple(outputs.get((run_id, step, item, attempt), ())),
-                                 None if result is None else json.loads(result))
-                  for _, run_id, step, item, attempt, root, result in got]
-            for key, got in kept.items()}
 
 
 def sum_usage(items: Iterable[ItemRecord]) -> dict[str, int]:

@@ -27,6 +27,7 @@ from stockade.store._rows import (
     dump_json,
     effect_from_row,
     item_from_row,
+    reuse_found,
     run_from_row,
     run_tallies_from_rows,
     spans_from_rows,
@@ -49,7 +50,6 @@ from stockade.store.base import (
     RunRecord,
     StepTally,
     Store,
-    reuse_found,
 )
 from stockade.store.pg_schema import SCHEMA
 
