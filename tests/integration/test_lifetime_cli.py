@@ -29,6 +29,7 @@ from tests.sandbox.lifetime_helpers import (
     ALL_BACKENDS,
     LAUNCHER_ENV,
     await_,
+    end_all,
     kill_marked,
     marked,
     sandbox_of,
@@ -110,10 +111,7 @@ def test_no_jail_process_outlives_a_sigkilled_engine(
             # The watchdog removed the dead engine's cgroups too.
             await_(lambda: not _cgroups_of(engine.pid), "the engine's cgroups to go", timeout=10)
     finally:
-        if engine.poll() is None:
-            engine.kill()
-            engine.wait()
-        kill_marked(marker)
+        end_all(engine, marker)
 
 
 def _cgroups_of(pid: int) -> list[str]:
@@ -144,10 +142,7 @@ def test_positive_control_orphans_survive_an_unprotected_engine(
         time.sleep(3)  # far longer than the protected engine's jails take to go
         assert len(marked(marker, "sleep")) >= 4, "the positive control: orphans survive"
     finally:
-        if engine.poll() is None:
-            engine.kill()
-            engine.wait()
-        kill_marked(marker)
+        end_all(engine, marker)
 
 
 @pytest.mark.parametrize("name", ALL_BACKENDS)
@@ -160,10 +155,7 @@ def test_ctrl_c_ends_with_130_and_no_jail_process(tmp_path: Path, name: str) -> 
         assert engine.returncode == 130, err
         await_(lambda: not marked(marker), "every jail process to end", timeout=10)
     finally:
-        if engine.poll() is None:
-            engine.kill()
-            engine.wait()
-        kill_marked(marker)
+        end_all(engine, marker)
 
 
 def test_doctor_and_the_manifest_name_the_mechanism(tmp_path: Path) -> None:

@@ -7,35 +7,19 @@ import os
 import re
 import shutil
 import tempfile
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import Project
-
-
-class _Data(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = b'{"regions": ["north", "south"]}'
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+from tests.loopback_http import serve
 
 
 @pytest.fixture
 def server() -> Iterator[int]:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Data)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv.server_address[1]
-    srv.shutdown()
-    srv.server_close()
+    with serve(b'{"regions": ["north", "south"]}') as served:
+        yield served.port
 
 
 def test_gather_fetches_through_the_allowlist_and_nothing_else(project: Project, server: int) -> None:

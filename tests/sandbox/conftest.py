@@ -9,13 +9,11 @@ starts with that uid is protected by the sandbox alone, not by a uid apart.
 
 from __future__ import annotations
 
-import http.server
 import os
 import secrets
 import shutil
 import socket
 import tempfile
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,6 +34,7 @@ from stockade.sandbox import (
 from stockade.sandbox.bwrap import BwrapBackend
 from stockade.sandbox.landlock import LandlockBackend
 from stockade.sandbox.policy import NetworkMode
+from tests.loopback_http import serve
 
 ENFORCED = ("bwrap", "landlock")
 
@@ -276,27 +275,8 @@ def none_world(monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-class _Allowed(http.server.BaseHTTPRequestHandler):
-    hits: list[str]
-
-    def do_GET(self) -> None:
-        self.hits.append(self.path)
-        body = b"allowed-content"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def allowed_server() -> Iterator[tuple[int, list[str]]]:
     """An HTTP server on host loopback that an allowlist may name: ``(port, paths asked)``."""
-    hits: list[str] = []
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("A", (_Allowed,), {"hits": hits}))
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield int(srv.server_address[1]), hits
-    srv.shutdown()
-    srv.server_close()
+    with serve(b"allowed-content") as served:
+        yield served.port, served.paths

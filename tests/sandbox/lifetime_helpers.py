@@ -115,7 +115,13 @@ def kill_engine_and_expect_jails_gone(engine: subprocess.Popen[str], marker: str
         engine.wait(10)
         await_(lambda: not marked(marker), "the jails to end with their engine", timeout=10)
     finally:
-        if engine.poll() is None:
-            engine.kill()
-            engine.wait()
-        kill_marked(marker)
+        end_all(engine, marker)
+
+
+def end_all(engine: subprocess.Popen[str], marker: str) -> None:
+    """After a test, whatever it left: the engine if it still runs, and every
+    process that carries ``marker``."""
+    if engine.poll() is None:
+        engine.kill()
+        engine.wait()
+    kill_marked(marker)

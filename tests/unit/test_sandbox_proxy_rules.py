@@ -5,11 +5,9 @@ from __future__ import annotations
 import base64
 import json
 import socket
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -22,6 +20,7 @@ from stockade.sandbox.proxy import (
     parse_rule,
     refused_address,
 )
+from tests.loopback_http import serve
 
 CASES = [
     # (pattern, host, port, allowed)
@@ -136,29 +135,11 @@ def test_internal_addresses_need_a_literal_entry(
 # loopback and a resolver the test controls.
 
 
-class _Upstream(BaseHTTPRequestHandler):
-    seen: ClassVar[list[str]] = []
-
-    def do_GET(self) -> None:
-        self.seen.append(str(self.headers))
-        body = b"upstream-content"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def upstream() -> Iterator[tuple[int, list[str]]]:
-    seen: list[str] = []
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), type("U", (_Upstream,), {"seen": seen}))
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv.server_address[1], seen
-    srv.shutdown()
-    srv.server_close()
+    """The proxy's upstream: ``(port, each request's headers)``."""
+    with serve(b"upstream-content") as served:
+        yield served.port, served.headers
 
 
 def _ask(proxy: EgressProxy, request: str) -> bytes:
