@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -52,11 +53,22 @@ class Project:
         return Result(p.returncode, p.stdout, p.stderr)
 
     def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            self.cmd(*args), cwd=self.path, env={**self.env, **(env or {})},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        """The command in a session of its own, started as a terminal's foreground
+        job is: with SIGINT at its default. A suite run in the background
+        (``cmd &`` in a script) ignores SIGINT and its children inherit that, so
+        a test's Ctrl-C before stockade's own handler would never be delivered."""
+        ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        if ignored:  # a caught signal is back at its default in the child after exec
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            return subprocess.Popen(
+                self.cmd(*args), cwd=self.path, env={**self.env, **(env or {})},
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        finally:
+            if ignored:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def item(self, run_id: str, step: str, item: int = 0) -> Path:
         return self.root / "runs" / run_id / step / str(item)
