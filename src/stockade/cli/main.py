@@ -21,9 +21,10 @@ from typing import Any, ClassVar, TypeVar
 
 import click
 
-# Ctrl-C while the command line loads ends it quietly (130): the handler is
-# the stockade package's own, installed when it loads (``stockade._pending``);
-# ``main`` then hands SIGINT to the commands as a counted KeyboardInterrupt.
+# Ctrl-C while the command line loads and parses ends it quietly (130): the
+# handler is the stockade package's own, installed when it loads
+# (``stockade._pending``); each command then takes SIGINT as a counted
+# KeyboardInterrupt (``friendly``).
 from stockade import _pending
 from stockade.errors import StaleOutput, StockadeError, TamperedArtifact, UserError
 
@@ -43,6 +44,7 @@ def friendly(fn: F) -> F:
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            _take_interrupts()
             return fn(*args, **kwargs)
         except UserError as exc:
             _fail(str(exc), exc.exit_code)
@@ -56,6 +58,16 @@ def friendly(fn: F) -> F:
             sys.exit(EXIT_OK)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _take_interrupts() -> None:
+    """A command begins: from here a Ctrl-C is a KeyboardInterrupt this wrapper
+    turns into exit 130. Until now (click parsing the command line) it was a
+    quiet exit; one counted but not raised meanwhile ends the command now."""
+    if signal.getsignal(signal.SIGINT) is _pending.quiet_interrupt:
+        signal.signal(signal.SIGINT, _pending.interrupt)
+        if _pending.take():
+            raise KeyboardInterrupt
 
 
 def _root(root: str | None) -> Path:
@@ -305,7 +317,9 @@ def schema() -> None:
 def main() -> None:
     if _pending.count:
         raise SystemExit(EXIT_INTERRUPTED)  # a Ctrl-C while importing, dropped by Python
-    signal.signal(signal.SIGINT, _pending.interrupt)
+    # Quiet until a command begins (``friendly``): click turns a KeyboardInterrupt
+    # in its own parsing into "Aborted!" and exit 1.
+    signal.signal(signal.SIGINT, _pending.quiet_interrupt)
     cli(prog_name="stockade")
 
 
