@@ -3,9 +3,11 @@
 Python raises an interrupt's exception wherever the main thread is; inside
 an import's clean-up (a weakref callback of the module lock) it is printed
 as "Exception ignored" and dropped, and the run went on as if no Ctrl-C had
-come. The command line's handlers count each interrupt here before raising;
-``runner.session`` replays the count into the engine when it takes over the
-signals, and ``cli.main`` exits 130 if one came while it was importing.
+come. The command line's handlers count each interrupt here before raising
+(inside an import they only count); ``cli.main`` exits 130 for one counted
+while it loaded or parsed, each command as it begins, and
+``runner.session`` replays one counted later into the engine when it takes
+over the signals.
 
 The package imports it first. Imports nothing of stockade.
 """
@@ -30,7 +32,7 @@ def importing() -> bool:
 
 
 def quiet_interrupt(signum: int, frame: object) -> None:
-    """SIGINT while the command line is still loading: counted, then an exit
+    """SIGINT while the command line loads or parses: counted, then an exit
     130 without a traceback; inside an import only counted (``cli.main``
     exits 130 for it once loaded)."""
     record()
@@ -52,8 +54,8 @@ def interrupt(signum: int, frame: object) -> None:
 def install_for_command_line() -> None:
     """Under ``python -m stockade.cli.main`` (``sys.argv[0]`` is "-m" while
     the package loads) or the ``stockade`` script, SIGINT is
-    ``quiet_interrupt`` until ``cli.main`` takes over; any other importer
-    keeps its own handler."""
+    ``quiet_interrupt`` until a command begins; any other importer keeps its
+    own handler."""
     argv0 = sys.argv[0] if sys.argv else ""
     if argv0 == "-m" or os.path.basename(argv0) == "stockade":
         try:  # noqa: SIM105 - contextlib would cost every importer its import
