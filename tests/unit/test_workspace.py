@@ -8,6 +8,7 @@ import os
 import re
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -292,3 +293,100 @@ def test_a_payload_keeps_real_references_and_escaped_data(tmp_path: Path) -> Non
     assert got == {"report": {"$artifact": art.ref(), "text": "real"},
                    "data": {"$$$artifact": 1, "$ref": 2}}
     assert to_json_value({"x": FORGED}) == {"x": {"$$artifact": FORGED["$artifact"], "text": "forged"}}
+
+
+def test_scratch_is_borrowed_on_first_use_and_an_empty_one_is_lent_again(tmp_path: Path) -> None:
+    run = RunDir(tmp_path, "r")
+    first = run.item("s", 0)
+    first.begin_attempt(1)
+    assert not (run.path / ".scratch").exists()  # nothing borrowed, nothing made
+    home = first.scratch
+    assert first.scratch == home  # one loan per attempt
+    home.mkdir(parents=True)
+    inode = home.stat().st_ino
+    first.end_attempt()
+    second = run.item("s", 1)
+    second.begin_attempt(1)
+    assert second.scratch == home and home.stat().st_ino == inode  # the same folder, not remade
+    second.end_attempt()
+
+
+def test_an_attempt_that_never_asks_for_scratch_borrows_nothing(tmp_path: Path) -> None:
+    run = RunDir(tmp_path, "r")
+    idir = run.item("s", 0)
+    idir.begin_attempt(1)
+    idir.end_attempt()
+    idir.end_attempt()  # twice is harmless (an error path may end it again)
+    assert not (run.path / ".scratch").exists()
+
+
+def _left_file(p: Path) -> None:
+    (p / "left").write_text("from the last attempt")
+
+
+def _left_tree(p: Path) -> None:
+    (p / "d" / "e").mkdir(parents=True)
+    (p / "d" / "e" / "f").write_text("x")
+
+
+def _opened_to_all(p: Path) -> None:
+    p.chmod(0o777)
+
+
+def _replaced_by_link(p: Path) -> None:
+    outside = p.parent.parent / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("not the run's")
+    p.rmdir()
+    p.symlink_to(outside)
+
+
+def _replaced_by_file(p: Path) -> None:
+    p.rmdir()
+    p.write_text("a file")
+
+
+@pytest.mark.parametrize("change", [_left_file, _left_tree, _opened_to_all, _replaced_by_link,
+                                    _replaced_by_file])
+def test_a_scratch_that_comes_back_changed_is_removed_before_it_is_lent_again(
+    tmp_path: Path, change: Any,
+) -> None:  # fmt: skip
+    run = RunDir(tmp_path, "r")
+    idir = run.item("s", 0)
+    idir.begin_attempt(1)
+    home = idir.scratch
+    home.mkdir(parents=True)
+    change(home)
+    idir.end_attempt()
+    assert not os.path.lexists(home)
+    if change is _replaced_by_link:  # the link went, not what it pointed at
+        assert (run.path / "outside" / "keep").read_text() == "not the run's"
+    nxt = run.item("s", 1)
+    nxt.begin_attempt(1)
+    assert nxt.scratch == home  # the name is lent again, for the backend to create afresh
+
+
+def test_a_scratch_left_by_a_crashed_engine_is_cleared_before_its_first_loan(
+    tmp_path: Path,
+) -> None:
+    run = RunDir(tmp_path, "r")
+    stale = run.path / ".scratch" / "0"
+    (stale / "sub").mkdir(parents=True)
+    (stale / "sub" / "planted").write_text("from before the crash")
+    idir = RunDir(tmp_path, "r").item("s", 0)
+    idir.begin_attempt(1)
+    assert idir.scratch == stale and not stale.exists()
+
+
+def test_attempts_at_once_borrow_different_folders(tmp_path: Path) -> None:
+    run = RunDir(tmp_path, "r")
+    dirs = [run.item("s", i) for i in range(3)]
+    for d in dirs:
+        d.begin_attempt(1)
+    lent = [d.scratch for d in dirs]
+    assert len(set(lent)) == 3
+    for d in dirs:
+        d.end_attempt()
+    again = run.item("s", 3)
+    again.begin_attempt(1)
+    assert again.scratch in lent  # no fourth name while three are free

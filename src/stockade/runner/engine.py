@@ -104,7 +104,7 @@ class RunSummary:
 
 
 #: The folders of an inline step's items, which have none.
-_NO_DIRS = ItemDir(Path("/nonexistent"), Path("/nonexistent"))
+_NO_DIRS = ItemDir(Path("/nonexistent"))
 
 
 @dataclass(slots=True)

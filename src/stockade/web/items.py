@@ -66,7 +66,7 @@ def unfinished_row(record: RunRecord, fold: Fold, step: str, index: int,
     key = fold.key(step, index)
     if index not in running:
         return Row(index, key, "pending", retried=index in fold.retried.get(step, ()))
-    idir = ItemDir(run_path(record) / step / str(index), Path("/nonexistent"))
+    idir = ItemDir(run_path(record) / step / str(index))
     n = idir.last_attempt()
     status = "running"
     wanted = fold.retry_next.get(step, {}).get(index)
@@ -193,7 +193,7 @@ class AttemptView:
 
 def attempts_of(store: Store, record: RunRecord, loc: Located, live: bool) -> list[AttemptView]:
     """Recorded attempts, and those on disk the store has not seen end (running or lost)."""
-    idir = ItemDir(run_path(record) / loc.step / str(loc.index), Path("/nonexistent"))
+    idir = ItemDir(run_path(record) / loc.step / str(loc.index))
     recorded: dict[int, AttemptRecord] = {
         a.attempt: a for a in store.attempts(record.run_id, loc.step, loc.index)}
     numbers = sorted(set(recorded) | set(idir.attempt_numbers()))
@@ -251,7 +251,7 @@ def kind(record: RunRecord, step: str) -> str:
 def idir_of(record: RunRecord, loc: Located) -> ItemDir:
     if loc.record is not None:
         return item_dir(record, loc.record)
-    return ItemDir(run_path(record) / loc.step / str(loc.index), Path("/nonexistent"))
+    return ItemDir(run_path(record) / loc.step / str(loc.index))
 
 
 def read_jsonl(path: Path, limit: int = 2000) -> list[dict[str, Any]]:

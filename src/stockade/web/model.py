@@ -19,7 +19,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 from stockade.runner.history import read_manifest
@@ -395,7 +394,7 @@ def running_spans(store: Store, record: RunRecord, steps: Sequence[StepView]) ->
         if s.status != "running":
             continue
         for i in sorted(running_indexes(store, record, s.id)):
-            idir = ItemDir(base / s.id / str(i), Path("/nonexistent"))
+            idir = ItemDir(base / s.id / str(i))
             started = attempt_started(idir, max(1, idir.last_attempt()))
             out.append([n, i, int(((started or time.time()) - record.started_at) * 1000)])
     return out

@@ -1,0 +1,82 @@
+"""An attempt's scratch folder (HOME, TMPDIR; under bwrap also /tmp and
+/dev/shm) through the real ``stockade run`` on every backend: the folders
+are reused from attempt to attempt (``workspace.layout.ScratchPool``), yet
+every attempt starts in an empty one with the mode the engine made it with,
+whatever the attempt before it left there or did to it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.conftest import Project
+from tests.sandbox.lifetime_helpers import ALL_BACKENDS, LAUNCHER_ENV, sandbox_of
+
+pytestmark = pytest.mark.sandbox
+
+#: One at a time (``--jobs 1``), so every attempt borrows the same folder.
+#: Each records what it finds, then leaves files behind, or (every other
+#: one) leaves its HOME empty but open to everybody.
+WORKFLOW = """
+name: scratch
+steps:
+  - id: dirty
+    for_each: [0, 1, 2, 3]
+    run: |
+      { ls -A "$HOME"; ls -A "$TMPDIR"; } > out/found.txt
+      stat -c %a "$HOME" > out/mode.txt
+      if [ $(( {{ item }} % 2 )) -eq 1 ]; then
+        chmod 777 "$HOME"
+      else
+        echo "item {{ item }}" > "$HOME/left"
+        mkdir -p "$TMPDIR/tree/deeper" && echo x > "$TMPDIR/tree/deeper/f"
+      fi
+  - id: clean
+    needs: [dirty]
+    for_each: [0, 1]
+    run: |
+      { ls -A "$HOME"; ls -A "$TMPDIR"; } > out/found.txt
+      stat -c %a "$HOME" > out/mode.txt
+      stat -c %i "$HOME" > out/inode.txt
+"""
+
+
+def _available(sandbox: str) -> None:
+    from stockade.sandbox import get_backend
+
+    avail = get_backend(sandbox).availability()
+    if not avail.available:
+        pytest.skip(f"{sandbox} is not available here: {avail.reason}")
+
+
+@pytest.mark.parametrize("name", ALL_BACKENDS)
+def test_every_attempt_starts_in_an_empty_scratch_folder(tmp_path_factory: pytest.TempPathFactory,
+                                                         name: str) -> None:
+    _available(sandbox_of(name))
+    project = Project(tmp_path_factory.mktemp("scratch"))
+    project.env.update({**LAUNCHER_ENV[name], "STOCKADE_SANDBOX": sandbox_of(name)})
+    wf = project.write("wf.yaml", WORKFLOW)
+    r = project.run("run", str(wf), "--run-id", "s1", "--jobs", "1")
+    assert r.code == 0, r.err
+    # bwrap binds work/ at its own path, so under /tmp it makes that path's
+    # folders in the scratch folder first (they come back with it, and make
+    # it be made afresh): the only entry allowed.
+    skeleton = project.root.parts[2] if project.root.parts[1] == "tmp" else None
+    modes = set()
+    for step, n in (("dirty", 4), ("clean", 2)):
+        for i in range(n):
+            out = project.item("s1", step, i) / "work" / "out"
+            found = set((out / "found.txt").read_text().split())
+            if sandbox_of(name) == "bwrap":
+                found.discard(skeleton)
+            assert found == set(), (step, i, found)
+            modes.add((out / "mode.txt").read_text().strip())
+    assert len(modes) == 1 and "777" not in modes, modes
+    # One attempt at a time borrowed one name (kept if it came back empty).
+    scratch = project.root / "runs" / "s1" / ".scratch"
+    assert {p.name for p in scratch.iterdir()} <= {"0"}
+    if skeleton is None or sandbox_of(name) != "bwrap":
+        # The second clean attempt got the very folder the first gave back.
+        inodes = {(project.item("s1", "clean", i) / "work" / "out" / "inode.txt").read_text()
+                  for i in range(2)}
+        assert len(inodes) == 1, inodes
