@@ -73,15 +73,17 @@ class ScratchPool:
     Why a pool: a scratch folder made and removed per item cost two inode
     operations per item, and on ext4 without a journal each removed inode
     is skipped by the allocator for a while, so every later ``mkdir`` of the
-    run scanned past the item scratch folders removed before it (a third
-    of the engine's kernel time on a 2,000-item ``--sandbox none`` run). A
-    folder that comes back empty, with the owner, group and mode of
+    run scanned past the scratch folders removed before it (a fifth of the
+    engine's kernel time on a 2,000-item ``--sandbox none`` run, measured
+    against the pool in paired runs).
+
+    A folder that comes back empty, with the owner, group and mode of
     ``.scratch`` itself (backends make both alike), is lent again as it is;
-    anything else is removed whole and its
-    name lent again for a backend to create afresh. Every backend ends a
-    jail whole before the attempt ends (its cgroup, process group or pid
-    namespace), so nothing of an attempt can write into the folder after it
-    came back. There are only as many names as attempts ran at once.
+    anything else is removed whole and its name lent again for a backend to
+    create afresh. Every backend ends a jail whole before the attempt ends
+    (its cgroup, process group or pid namespace), so nothing of an attempt
+    can write into the folder after it came back. There are only as many
+    names as attempts ran at once.
 
     A name is cleared before its first loan in this process: a folder left
     by a crashed engine of the same run may hold anything.
