@@ -21,7 +21,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +174,17 @@ class Engine:
         self._pending_reuse: list[ReuseEntry] = []
         self._flushed_at = time.monotonic()
         self._cancellers: list[threading.Thread] = []
+        # Each action's handler by its type: a few actions per item, so a
+        # chain of isinstance tests was measurable on a large keep:.
+        self._handlers: dict[type, Callable[[Any], list[Action] | None]] = {
+            Expand: lambda a: self.scheduler.handle(self._expand(a.step)),
+            StepStarted: self._step_started,
+            StartAttempt: self._start,
+            RetryScheduled: self._retry_scheduled,
+            ItemFinished: self._item_finished,
+            StepFinished: self._step_finished,
+            CancelRunning: lambda a: self._cancel(),
+        }
 
     # -- interrupts (called from a signal handler: set a flag, wake the loop) -------
 
@@ -241,26 +252,15 @@ class Engine:
         """Carry out actions; those that answer with an event feed it back at once."""
         todo = deque(actions)
         finished: RunStatus | None = None
+        handlers = self._handlers
         while todo:
             action = todo.popleft()
-            more: list[Action] = []
-            if isinstance(action, Expand):
-                more = self.scheduler.handle(self._expand(action.step))
-            elif isinstance(action, StepStarted):
-                self._step_started(action)
-            elif isinstance(action, StartAttempt):
-                more = self._start(action)
-            elif isinstance(action, RetryScheduled):
-                self._retry_scheduled(action)
-            elif isinstance(action, ItemFinished):
-                self._item_finished(action)
-            elif isinstance(action, StepFinished):
-                self._step_finished(action)
-            elif isinstance(action, CancelRunning):
-                self._cancel()
-            elif isinstance(action, RunFinished):
+            if isinstance(action, RunFinished):
                 finished = action.status
-            todo.extendleft(reversed(more))
+                continue
+            more = handlers[type(action)](action)
+            if more:
+                todo.extendleft(reversed(more))
         return finished
 
     # -- expand ---------------------------------------------------------------------

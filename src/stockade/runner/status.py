@@ -84,13 +84,16 @@ ATTEMPT_FINAL: frozenset[AttemptStatus] = frozenset(
 )
 
 
+_ITEM_STATUS = {
+    AttemptStatus.SUCCEEDED: ItemStatus.SUCCEEDED,
+    AttemptStatus.FAILED: ItemStatus.FAILED,
+    AttemptStatus.ERRORED: ItemStatus.ERRORED,
+    AttemptStatus.FENCED: ItemStatus.FENCED,
+    AttemptStatus.LOST: ItemStatus.ERRORED,
+    AttemptStatus.INTERRUPTED: ItemStatus.INTERRUPTED,
+}
+
+
 def item_status(attempt: AttemptStatus) -> ItemStatus:
     """The item status an attempt's ending leaves when no retry follows."""
-    return {
-        AttemptStatus.SUCCEEDED: ItemStatus.SUCCEEDED,
-        AttemptStatus.FAILED: ItemStatus.FAILED,
-        AttemptStatus.ERRORED: ItemStatus.ERRORED,
-        AttemptStatus.FENCED: ItemStatus.FENCED,
-        AttemptStatus.LOST: ItemStatus.ERRORED,
-        AttemptStatus.INTERRUPTED: ItemStatus.INTERRUPTED,
-    }[attempt]
+    return _ITEM_STATUS[attempt]

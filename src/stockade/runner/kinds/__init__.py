@@ -31,9 +31,20 @@ class StepKind(Protocol):
         ...
 
 
+_KINDS: dict[str, StepKind] = {}
+
+
 def kind_of(step: Step) -> StepKind:
-    """The implementation of ``step``'s kind (imported on first use: agent steps pull in httpx)."""
-    kind = step.kind
+    """The implementation of ``step``'s kind (imported on first use: agent steps pull in httpx).
+
+    Kinds hold no state, so each is made once: this is asked once per item."""
+    found = _KINDS.get(step.kind)
+    if found is None:
+        found = _KINDS[step.kind] = _make(step.kind)
+    return found
+
+
+def _make(kind: str) -> StepKind:
     if kind == "run":
         from stockade.runner.kinds.shell import Shell
 
