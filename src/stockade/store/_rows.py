@@ -26,8 +26,13 @@ from stockade.store.base import (
 ITEM_COLUMNS = "run_id, step, item, status, attempt, result, value, message, started_at, ended_at, key, reused_from, usage"
 
 
+#: One encoder for every row: ``json.dumps`` with any argument builds a new
+#: encoder per call, which was a tenth of the engine thread's time on a keep:.
+_ENCODER = json.JSONEncoder(sort_keys=True, ensure_ascii=False)
+
+
 def dump_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return _ENCODER.encode(value)
 
 
 def load_json(text: str | None) -> Any:
