@@ -40,6 +40,7 @@ WORDS: dict[str, tuple[str, ...]] = {
     "agent": ("stockade.agent",),
     "publish": ("stockade.publish",),
     "the engine": ("stockade.runner.engine",),
+    "the session": ("stockade.runner.session",),
     "the spec": ("stockade.spec",),
     "the plan": ("stockade.plan",),
     "the runner's engine": ("stockade.runner.engine",),
