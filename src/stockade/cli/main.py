@@ -214,7 +214,6 @@ def run(file: Path, run_id: str | None, vars_: tuple[str, ...], jobs: int | None
         require_sandbox: bool, sandbox_name: str | None, store_url: str | None,
         reuse: bool | None, executor: str | None, artifacts: str | None, as_json: bool) -> None:
     """Start a run of FILE and execute it."""
-    t0 = time.monotonic()
     # The sandbox's probe jail runs while the run path is imported.
     from stockade.runner import early_probe
 
@@ -223,6 +222,7 @@ def run(file: Path, run_id: str | None, vars_: tuple[str, ...], jobs: int | None
 
     if probing is not None:
         probing.join()
+    t0 = time.monotonic()
     opts = RunOptions(root=_root(root), jobs=jobs, run_id=run_id, overrides=_parse_vars(vars_),
                       sandbox=sandbox_name, require_sandbox=require_sandbox, store_url=store_url,
                       reuse=reuse, executor=executor, artifacts=artifacts)

@@ -119,7 +119,6 @@ class ScratchPool:
         with self._lock:
             self._free.append(path)
 
-
     def _as_made(self, st: os.stat_result) -> bool:
         """Owner, group and mode as the folder it was made in has them: a jail that
         owned its scratch may have opened it to others, and that must not outlive it."""
