@@ -166,6 +166,16 @@ class Attempt:
         return self.run.clock
 
     @property
+    def backend(self) -> Backend:
+        """The backend its jail runs on: the run's, or ``none`` for ``isolate: false``."""
+        return self.run.backend if self.step.isolate else self.run.none_backend
+
+    @property
+    def enforced(self) -> bool:
+        """Its jail is an enforced sandbox."""
+        return self.run.enforced and self.step.isolate
+
+    @property
     def meta(self) -> Path:
         """This attempt's folder of further records (made by the kinds that need one)."""
         return self.dirs.attempt_dir(self.number)

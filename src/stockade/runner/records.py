@@ -21,8 +21,7 @@ def provenance(attempt: Attempt, outcome: Outcome, inputs: Sequence[Materialised
                worker: Mapping[str, Any] | None = None) -> Provenance:
     """``worker``: where a remote executor ran it (its backend is the one recorded)."""
     step, run = attempt.step, attempt.run
-    backend = run.backend.name if step.isolate else run.none_backend.name
-    enforced = run.enforced and step.isolate
+    backend, enforced = attempt.backend.name, attempt.enforced
     if worker is not None:
         backend, enforced = str(worker["backend"]), bool(worker["enforced"]) and step.isolate
     mask = run.masker

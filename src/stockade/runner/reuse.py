@@ -120,9 +120,8 @@ def _static_part(attempt: Attempt) -> str:
     hit = run.key_statics.get(step.id)
     if hit is not None:
         return hit
-    backend = run.backend.name if step.isolate else run.none_backend.name
     sandbox = {
-        "backend": backend, "enforced": run.enforced and step.isolate, "isolate": step.isolate,
+        "backend": attempt.backend.name, "enforced": attempt.enforced, "isolate": step.isolate,
         "network": step.network, "resources": step.resources.model_dump(),
     }
     toolchain = run.toolchains.get(step.id)
@@ -236,8 +235,7 @@ def place(attempt: Attempt, candidate: ReuseCandidate, inputs: Sequence[InputDig
     origin = {"run_id": candidate.run_id, "step": candidate.step, "item": candidate.item,
               "attempt": candidate.attempt}
     run, step = attempt.run, attempt.step
-    backend = run.backend.name if step.isolate else run.none_backend.name
-    enforced = run.enforced and step.isolate
+    backend, enforced = attempt.backend.name, attempt.enforced
     return Provenance(
         run_id=run.run_id, step=step.id, item=attempt.item.index, key=attempt.item.key,
         attempt=attempt.number, status="succeeded",
