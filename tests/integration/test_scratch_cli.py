@@ -1,11 +1,16 @@
 """An attempt's scratch folder (HOME, TMPDIR; under bwrap also /tmp and
-/dev/shm) through the real ``stockade run`` on every backend: the folders
-are reused from attempt to attempt (``workspace.layout.ScratchPool``), yet
-every attempt starts in an empty one with the mode the engine made it with,
-whatever the attempt before it left there or did to it.
+/dev/shm) through the real ``stockade run`` on every backend
+(``workspace.layout.ScratchPool``): every attempt starts in an empty one
+with the mode the engine made it with, whatever the attempt before it left
+there or did to it. An enforced jail's folder is removed when its attempt
+ends (a jail still dying could write into a folder kept for the next
+attempt); without a sandbox, an empty folder is lent again as it is.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import PurePosixPath
 
 import pytest
 
@@ -58,25 +63,34 @@ def test_every_attempt_starts_in_an_empty_scratch_folder(tmp_path_factory: pytes
     wf = project.write("wf.yaml", WORKFLOW)
     r = project.run("run", str(wf), "--run-id", "s1", "--jobs", "1")
     assert r.code == 0, r.err
-    # bwrap binds work/ at its own path, so under /tmp it makes that path's
-    # folders in the scratch folder first (they come back with it, and make
-    # it be made afresh): the only entry allowed.
-    skeleton = project.root.parts[2] if project.root.parts[1] == "tmp" else None
+    manifest = json.loads((project.root / "runs" / "s1" / "manifest.json").read_text())
+    enforced = manifest["sandbox"]["enforced"]
+    assert enforced is (sandbox_of(name) != "none")
+    # bwrap binds work/ at its own path, so where that path lies under a folder
+    # the scratch folder is shown at, it makes the path's first folder there
+    # first: the only entry allowed.
+    shown_at = ("/tmp", "/home/stockade", "/dev/shm")
+    skeleton = {PurePosixPath(str(project.root)).relative_to(top).parts[0]
+                for top in shown_at if str(project.root).startswith(top + "/")}
     modes = set()
     for step, n in (("dirty", 4), ("clean", 2)):
         for i in range(n):
             out = project.item("s1", step, i) / "work" / "out"
             found = set((out / "found.txt").read_text().split())
             if sandbox_of(name) == "bwrap":
-                found.discard(skeleton)
+                found -= skeleton
             assert found == set(), (step, i, found)
             modes.add((out / "mode.txt").read_text().strip())
     assert len(modes) == 1 and "777" not in modes, modes
-    # One attempt at a time borrowed one name (kept if it came back empty).
     scratch = project.root / "runs" / "s1" / ".scratch"
-    assert {p.name for p in scratch.iterdir()} <= {"0"}
-    if skeleton is None or sandbox_of(name) != "bwrap":
-        # The second clean attempt got the very folder the first gave back.
+    left = {p.name for p in scratch.iterdir()}
+    if enforced:
+        # Each attempt's folder went with it; only the name came back.
+        assert left == set(), left
+    else:
+        # One attempt at a time borrowed one name, and the second clean
+        # attempt got the very folder the first gave back.
+        assert left == {"0"}, left
         inodes = {(project.item("s1", "clean", i) / "work" / "out" / "inode.txt").read_text()
                   for i in range(2)}
         assert len(inodes) == 1, inodes

@@ -295,7 +295,9 @@ def test_a_payload_keeps_real_references_and_escaped_data(tmp_path: Path) -> Non
     assert to_json_value({"x": FORGED}) == {"x": {"$$artifact": FORGED["$artifact"], "text": "forged"}}
 
 
-def test_scratch_is_borrowed_on_first_use_and_an_empty_one_is_lent_again(tmp_path: Path) -> None:
+def test_an_unsandboxed_scratch_is_borrowed_on_first_use_and_lent_again_if_empty(
+    tmp_path: Path,
+) -> None:
     run = RunDir(tmp_path, "r")
     first = run.item("s", 0)
     first.begin_attempt(1)
@@ -304,11 +306,26 @@ def test_scratch_is_borrowed_on_first_use_and_an_empty_one_is_lent_again(tmp_pat
     assert first.scratch == home  # one loan per attempt
     home.mkdir(parents=True)
     inode = home.stat().st_ino
-    first.end_attempt()
+    first.end_attempt(keep_scratch=True)
     second = run.item("s", 1)
     second.begin_attempt(1)
     assert second.scratch == home and home.stat().st_ino == inode  # the same folder, not remade
-    second.end_attempt()
+    second.end_attempt(keep_scratch=True)
+
+
+def test_an_enforced_jails_scratch_is_removed_and_only_its_name_lent_again(
+    tmp_path: Path,
+) -> None:
+    run = RunDir(tmp_path, "r")
+    first = run.item("s", 0)
+    first.begin_attempt(1)
+    home = first.scratch
+    home.mkdir(parents=True)  # empty and as made, yet a dying jail could still write there
+    first.end_attempt()
+    assert not os.path.lexists(home)
+    second = run.item("s", 1)
+    second.begin_attempt(1)
+    assert second.scratch == home
 
 
 def test_an_attempt_that_never_asks_for_scratch_borrows_nothing(tmp_path: Path) -> None:
@@ -357,7 +374,7 @@ def test_a_scratch_that_comes_back_changed_is_removed_before_it_is_lent_again(
     home = idir.scratch
     home.mkdir(parents=True)
     change(home)
-    idir.end_attempt()
+    idir.end_attempt(keep_scratch=True)
     assert not os.path.lexists(home)
     if change is _replaced_by_link:  # the link went, not what it pointed at
         assert (run.path / "outside" / "keep").read_text() == "not the run's"
@@ -386,7 +403,34 @@ def test_attempts_at_once_borrow_different_folders(tmp_path: Path) -> None:
     lent = [d.scratch for d in dirs]
     assert len(set(lent)) == 3
     for d in dirs:
-        d.end_attempt()
+        d.end_attempt(keep_scratch=True)
     again = run.item("s", 3)
     again.begin_attempt(1)
     assert again.scratch in lent  # no fourth name while three are free
+
+
+def test_a_scratch_that_cannot_be_removed_is_never_lent_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    # What a jail's folder it may not read does to a non-root engine's
+    # rmtree, without needing a non-root engine: the removal leaves it there.
+    from stockade.workspace import layout
+
+    run = RunDir(tmp_path, "r")
+    idir = run.item("s", 0)
+    idir.begin_attempt(1)
+    home = idir.scratch
+    (home / "locked").mkdir(parents=True)
+    monkeypatch.setattr(layout.shutil, "rmtree", lambda path, ignore_errors=False: None)
+    idir.end_attempt(keep_scratch=True)
+    assert (home / "locked").is_dir()  # still there, so ...
+    nxt = run.item("s", 1)
+    nxt.begin_attempt(1)
+    assert nxt.scratch != home  # ... its name is retired
+    # and a stale name a crashed engine left that cannot be cleared is skipped
+    stale = run.path / ".scratch" / "2"
+    (stale / "planted").mkdir(parents=True)
+    later = [run.item("s", i) for i in (2, 3)]
+    for d in later:
+        d.begin_attempt(1)
+    assert stale not in {d.scratch for d in later}

@@ -11,8 +11,7 @@
         <n>/                     attempt n's other records, made only when needed:
                                  agent transcripts, network.jsonl, a retired work/
     <root>/runs/<run_id>/.scratch/<k>/    an attempt's HOME/TMPDIR (bwrap: also /tmp,
-                                          /dev/shm); lent for the attempt, reused while
-                                          it comes back empty (``ScratchPool``)
+                                          /dev/shm); lent for the attempt (``ScratchPool``)
 
 An attempt's provenance and the item's completion are records in the run
 store, not files: a first attempt creates four folders and one file (the
@@ -77,16 +76,21 @@ class ScratchPool:
     engine's kernel time on a 2,000-item ``--sandbox none`` run, measured
     against the pool in paired runs).
 
-    A folder that comes back empty, with the owner, group and mode of
-    ``.scratch`` itself (backends make both alike), is lent again as it is;
-    anything else is removed whole and its name lent again for a backend to
-    create afresh. Every backend ends a jail whole before the attempt ends
-    (its cgroup, process group or pid namespace), so nothing of an attempt
-    can write into the folder after it came back. There are only as many
-    names as attempts ran at once.
+    Only a folder that no sandbox stood around may be lent again as it is
+    (``give(..., keep=True)``: the ``none`` backend, ``isolate: false``),
+    and only if it comes back empty with the owner, group and mode of
+    ``.scratch`` itself (backends make both alike). A jail's last processes
+    die a moment after its main one (SIGKILLed, then reaped off the item's
+    path), and a system call one of them had begun may still create a file:
+    kept for the next attempt, the folder would carry it across. So the
+    folder of an enforced jail is always removed, and only its name is lent
+    again: bwrap binds the folder and landlock grants it by its inode, so a
+    jail still dying reaches the removed folder, never the new one.
 
-    A name is cleared before its first loan in this process: a folder left
-    by a crashed engine of the same run may hold anything.
+    A name whose folder cannot be removed (its jail left a folder it may not
+    read) is never lent again; a name is also cleared before its first loan
+    in this process, since a crashed engine of the same run may have left
+    anything there. There are only as many names as attempts ran at once.
     """
 
     def __init__(self, base: Path) -> None:
@@ -98,24 +102,30 @@ class ScratchPool:
 
     def take(self) -> Path:
         """A scratch path for one attempt: an empty folder, or nothing yet (the backend makes it)."""
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-            k = self._made
-            self._made += 1
-        path = Path(f"{self.base}/{k}")
-        _remove(path)
-        return path
+        while True:
+            with self._lock:
+                if self._free:
+                    return self._free.pop()
+                k = self._made
+                self._made += 1
+            path = Path(f"{self.base}/{k}")
+            if _removed(path):
+                return path
 
-    def give(self, path: Path) -> None:
-        """Take back what ``take`` lent, once the attempt's jail has ended."""
+    def give(self, path: Path, *, keep: bool) -> None:
+        """Take back what ``take`` lent, once the attempt's jail has ended.
+
+        ``keep``: the jail made no isolation promise, so an empty folder may
+        be lent again as it is; otherwise the folder is removed."""
         try:
             st = os.lstat(path)
         except FileNotFoundError:
             pass
         else:
-            if not (stat.S_ISDIR(st.st_mode) and self._as_made(st) and not os.listdir(path)):
-                _remove(path)
+            kept = keep and stat.S_ISDIR(st.st_mode) and self._as_made(st) \
+                and not os.listdir(path)
+            if not kept and not _removed(path):
+                return  # retired: what is left there never reaches another attempt
         with self._lock:
             self._free.append(path)
 
@@ -128,7 +138,8 @@ class ScratchPool:
         return (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == self._made_like
 
 
-def _remove(path: Path) -> None:
+def _removed(path: Path) -> bool:
+    """Remove whatever is at ``path``, never through a link; whether nothing is left."""
     try:
         os.rmdir(path)
     except FileNotFoundError:
@@ -140,6 +151,7 @@ def _remove(path: Path) -> None:
             os.unlink(path)
         else:
             shutil.rmtree(path, ignore_errors=True)
+    return not os.path.lexists(path)
 
 
 @dataclass(frozen=True)
@@ -264,8 +276,10 @@ class ItemDir:
         os.mkdir(os.path.join(work, "out"))
         return n
 
-    def end_attempt(self) -> None:
-        """Return the attempt's scratch folder (its jail has ended)."""
+    def end_attempt(self, *, keep_scratch: bool = False) -> None:
+        """Return the attempt's scratch folder (its jail has ended); ``keep_scratch``:
+        the jail was not an enforced sandbox, so an empty folder may be lent again
+        as it is (``ScratchPool``)."""
         lent, self._lent = self._lent, None
         if lent is not None and self.pool is not None:
-            self.pool.give(lent)
+            self.pool.give(lent, keep=keep_scratch)

@@ -138,8 +138,7 @@ def prepare(attempt: Attempt, inputs: list[Materialised],
     entered the jail even when a later input fails. ``sharing`` overrides
     how large inputs enter ``work/`` (default: as the backend allows).
     """
-    step = attempt.step
-    backend = attempt.run.backend if step.isolate else attempt.run.none_backend
+    step, backend = attempt.step, attempt.backend
     if attempt.run.host_env.get("STOCKADE_SHARE_INPUTS") == "0":
         sharing = "copy"  # always a copy, to compare against in benchmarks
     elif sharing is None:
@@ -191,7 +190,8 @@ def in_jail(attempt: Attempt, body: Callable[[list[Materialised]], Outcome]) -> 
                           message=masker.text(f"{exc.strerror}: {exc.filename}"),
                           started_at=started)
     finally:
-        attempt.dirs.end_attempt()
+        # No sandbox to keep apart from the next attempt: its scratch may stay.
+        attempt.dirs.end_attempt(keep_scratch=not attempt.enforced)
     outcome.started_at = outcome.started_at or started
     outcome.ended_at = attempt.clock()
     return attach(attempt, outcome, inputs)
