@@ -11,8 +11,8 @@ The caller joins the thread before the session starts (the probe sets a
 variable in ``os.environ`` while its jail runs, and the session copies the
 environment). Only for runs on this machine: a run on Dask probes its
 workers. Every error is left for the session to meet and report where it
-always did. The backends' modules are imported before the thread starts,
-so the two threads never import the same modules at once.
+always did. The backends are made (their modules imported) before the
+thread starts, so the two threads never import the same modules at once.
 
 Must not import the engine, the session, the spec, the plan, pydantic or the CLI.
 """
@@ -20,19 +20,11 @@ Must not import the engine, the session, the spec, the plan, pydantic or the CLI
 from __future__ import annotations
 
 import contextlib
-import importlib
 import threading
 from collections.abc import Mapping
 
+from stockade.errors import InfraError
 from stockade.runner.roots import executor_url
-
-#: The module of each backend name ``sandbox.get_backend`` knows.
-_MODULES = {
-    "bwrap": "stockade.sandbox.bwrap",
-    "landlock": "stockade.sandbox.landlock",
-    "none": "stockade.sandbox.none",
-    "sandbox-exec": "stockade.sandbox.macos",
-}
 
 
 def start(sandbox_name: str | None, executor: str | None,
@@ -43,13 +35,11 @@ def start(sandbox_name: str | None, executor: str | None,
         return None
     from stockade import sandbox
 
-    names = [sandbox_name] if sandbox_name else [*sandbox.preference(), "none"]
     try:
-        for name in names:
-            importlib.import_module(_MODULES[name])
-        with contextlib.suppress(ImportError):
-            importlib.import_module("stockade.sandbox._jail")  # the C launcher, where built
-    except (KeyError, ImportError):
+        # Made (and their modules imported) here, before the thread starts.
+        for name in [sandbox_name] if sandbox_name else [*sandbox.preference(), "none"]:
+            sandbox.get_backend(name)
+    except InfraError:
         return None
 
     def probe() -> None:
