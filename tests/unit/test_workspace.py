@@ -295,9 +295,10 @@ def test_a_payload_keeps_real_references_and_escaped_data(tmp_path: Path) -> Non
     assert to_json_value({"x": FORGED}) == {"x": {"$$artifact": FORGED["$artifact"], "text": "forged"}}
 
 
-def test_an_unsandboxed_scratch_is_borrowed_on_first_use_and_lent_again_if_empty(
-    tmp_path: Path,
-) -> None:
+@pytest.mark.parametrize("keep", [True, False], ids=["unsandboxed", "enforced"])
+def test_scratch_is_borrowed_on_first_use_and_an_empty_one_kept_only_without_a_sandbox(
+    tmp_path: Path, keep: bool,
+) -> None:  # fmt: skip
     run = RunDir(tmp_path, "r")
     first = run.item("s", 0)
     first.begin_attempt(1)
@@ -306,26 +307,15 @@ def test_an_unsandboxed_scratch_is_borrowed_on_first_use_and_lent_again_if_empty
     assert first.scratch == home  # one loan per attempt
     home.mkdir(parents=True)
     inode = home.stat().st_ino
-    first.end_attempt(keep_scratch=True)
+    first.end_attempt(keep_scratch=keep)
+    if keep:
+        assert home.stat().st_ino == inode  # the same folder, not remade
+    else:
+        # Empty and as made, yet a dying jail could still write there.
+        assert not os.path.lexists(home)
     second = run.item("s", 1)
     second.begin_attempt(1)
-    assert second.scratch == home and home.stat().st_ino == inode  # the same folder, not remade
-    second.end_attempt(keep_scratch=True)
-
-
-def test_an_enforced_jails_scratch_is_removed_and_only_its_name_lent_again(
-    tmp_path: Path,
-) -> None:
-    run = RunDir(tmp_path, "r")
-    first = run.item("s", 0)
-    first.begin_attempt(1)
-    home = first.scratch
-    home.mkdir(parents=True)  # empty and as made, yet a dying jail could still write there
-    first.end_attempt()
-    assert not os.path.lexists(home)
-    second = run.item("s", 1)
-    second.begin_attempt(1)
-    assert second.scratch == home
+    assert second.scratch == home  # the name is lent again either way
 
 
 def test_an_attempt_that_never_asks_for_scratch_borrows_nothing(tmp_path: Path) -> None:
