@@ -24,7 +24,7 @@ from stockade.workspace.artifacts import (
     to_json_value,
 )
 from stockade.workspace.ids import check_run_id, uuid7
-from stockade.workspace.layout import RunDir
+from stockade.workspace.layout import ItemDir, RunDir
 
 
 def test_uuid7_is_version_7_and_time_ordered() -> None:
@@ -295,17 +295,24 @@ def test_a_payload_keeps_real_references_and_escaped_data(tmp_path: Path) -> Non
     assert to_json_value({"x": FORGED}) == {"x": {"$$artifact": FORGED["$artifact"], "text": "forged"}}
 
 
+def _borrowed(tmp_path: Path) -> tuple[RunDir, ItemDir, Path]:
+    """A run, its first item's attempt, and the scratch folder it borrowed
+    (made, as a backend makes it: nothing borrowed or made before)."""
+    run = RunDir(tmp_path, "r")
+    idir = run.item("s", 0)
+    idir.begin_attempt(1)
+    assert not (run.path / ".scratch").exists()
+    home = idir.scratch
+    home.mkdir(parents=True)
+    return run, idir, home
+
+
 @pytest.mark.parametrize("keep", [True, False], ids=["unsandboxed", "enforced"])
 def test_scratch_is_borrowed_on_first_use_and_an_empty_one_kept_only_without_a_sandbox(
     tmp_path: Path, keep: bool,
 ) -> None:  # fmt: skip
-    run = RunDir(tmp_path, "r")
-    first = run.item("s", 0)
-    first.begin_attempt(1)
-    assert not (run.path / ".scratch").exists()  # nothing borrowed, nothing made
-    home = first.scratch
+    run, first, home = _borrowed(tmp_path)
     assert first.scratch == home  # one loan per attempt
-    home.mkdir(parents=True)
     inode = home.stat().st_ino
     first.end_attempt(keep_scratch=keep)
     if keep:
@@ -358,11 +365,7 @@ def _replaced_by_file(p: Path) -> None:
 def test_a_scratch_that_comes_back_changed_is_removed_before_it_is_lent_again(
     tmp_path: Path, change: Any,
 ) -> None:  # fmt: skip
-    run = RunDir(tmp_path, "r")
-    idir = run.item("s", 0)
-    idir.begin_attempt(1)
-    home = idir.scratch
-    home.mkdir(parents=True)
+    run, idir, home = _borrowed(tmp_path)
     change(home)
     idir.end_attempt(keep_scratch=True)
     assert not os.path.lexists(home)
