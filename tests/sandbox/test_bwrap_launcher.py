@@ -16,7 +16,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -228,3 +228,59 @@ def test_a_refused_start_is_an_error_and_the_launcher_goes_on(
         running = launcher_thread.spawn("/bin/echo", ["echo", "fine"], {}, [out.fileno()] * 2)
         assert running.wait(10) == 0
     assert (tmp_path / "out").read_text() == "fine\n"
+
+
+def _on_a_thread(fn: Callable[[], object]) -> object:
+    got: list[object] = []
+    t = threading.Thread(target=lambda: got.append(fn()))
+    t.start()
+    t.join()
+    return got[0]
+
+
+def test_a_thread_that_launches_here_starts_its_processes_itself(
+    launcher_thread: _direct.LauncherThread, tmp_path: Path
+) -> None:
+    # The item threads' path: no hand-off, so the launcher thread never starts;
+    # stdin is /dev/null as on the launcher thread.
+    def spawn_here() -> int | None:
+        _direct.launch_here()
+        with open(tmp_path / "out", "wb") as out:
+            running = launcher_thread.spawn("/bin/sh", ["sh", "-c", "cat; echo end"], {},
+                                            [out.fileno()] * 2)
+        return running.wait(10)
+
+    assert _on_a_thread(spawn_here) == 0
+    assert (tmp_path / "out").read_text() == "end\n"
+    assert launcher_thread._thread is None
+
+
+def test_a_process_started_here_dies_with_its_thread(
+    launcher_thread: _direct.LauncherThread, tmp_path: Path
+) -> None:
+    # Why only threads that outlive their processes may declare launch_here:
+    # the parent-death signal follows the thread that forked. (Without it the
+    # process outlives its thread: test_a_jail_outlives_the_thread_that_started_it.)
+    def spawn(here: bool) -> _direct.DirectRunning:
+        if here:
+            _direct.launch_here()
+        with open(tmp_path / "out", "wb") as out:
+            return launcher_thread.spawn("/bin/sleep", ["sleep", "30"], {}, [out.fileno()] * 2)
+
+    here = _on_a_thread(lambda: spawn(True))
+    there = _on_a_thread(lambda: spawn(False))
+    assert isinstance(here, _direct.DirectRunning) and isinstance(there, _direct.DirectRunning)
+    assert here.wait(20) == -signal.SIGKILL
+    assert there.wait(0.5) is None
+    there.kill(grace=0.1)
+
+
+def test_the_local_executors_item_threads_launch_here() -> None:
+    from stockade.runner.executor import LocalExecutor
+
+    ex = LocalExecutor(2)
+    try:
+        assert ex._pool.submit(lambda: getattr(_direct._here, "on", False)).result(10) is True
+    finally:
+        ex.close()
+    assert getattr(_direct._here, "on", False) is False  # this (test) thread did not

@@ -39,6 +39,7 @@ from stockade.runner.executor import Done, _result, _run, drain
 from stockade.runner.jobs import JobResult, WorkerInfo
 from stockade.runner.remote import Pending, RemoteSettings, build, complete
 from stockade.runner.status import AttemptStatus
+from stockade.sandbox import launch_here
 
 #: Engine threads that turn attempts into jobs and results into outcomes.
 ENGINE_THREADS = 4
@@ -177,7 +178,8 @@ class DaskExecutor:
         self.slots = max(1, slots or default_slots(self._threads_n))
         self._done: SimpleQueue[Done | None] = SimpleQueue()
         self._pool = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="remote")
-        self._local = ThreadPoolExecutor(max(1, min(self.slots, 8)), thread_name_prefix="item")
+        self._local = ThreadPoolExecutor(max(1, min(self.slots, 8)), thread_name_prefix="item",
+                                         initializer=launch_here)
         self._lock = threading.Lock()
         #: Attempt key -> (its pending job, the future of the task it is in).
         self._running: dict[str, tuple[Pending, Any]] = {}

@@ -17,6 +17,7 @@ from typing import Protocol
 from stockade.runner.attempt import Attempt, Outcome
 from stockade.runner.kinds import kind_of
 from stockade.runner.status import AttemptStatus
+from stockade.sandbox import launch_here
 
 Done = tuple[Attempt, Outcome]
 
@@ -66,7 +67,10 @@ class LocalExecutor:
 
     def __init__(self, slots: int) -> None:
         self.slots = max(1, slots)
-        self._pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="item")
+        # Each item thread waits for the jails it starts and lives until
+        # ``close``: it may start them itself (``sandbox.launch_here``).
+        self._pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="item",
+                                        initializer=launch_here)
         self._done: SimpleQueue[Done | None] = SimpleQueue()
 
     def submit(self, attempt: Attempt) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from stockade.errors import InfraError
 from stockade.sandbox import _lifetime
+from stockade.sandbox._direct import launch_here
 from stockade.sandbox.base import Availability, Backend, Running
 from stockade.sandbox.policy import ENV_ALLOWLIST, ExtraMount, NetworkMode, Policy, Resources
 from stockade.sandbox.proxy import EgressProxy
@@ -290,6 +291,7 @@ __all__ = [
     "close_all",
     "doctor",
     "get_backend",
+    "launch_here",
     "lifetime",
     "probe",
     "select_backend",
