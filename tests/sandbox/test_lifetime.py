@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from stockade.errors import InfraError
-from stockade.sandbox import Backend, Running, _cgroup, _direct, _lifetime
+from stockade.sandbox import Backend, Resources, Running, _cgroup, _direct, _lifetime
 from tests.nobody import AS_NOBODY, need_nobody, readable_package
 from tests.sandbox.conftest import World, needs_c_launcher
 from tests.sandbox.lifetime_helpers import (
@@ -254,4 +254,120 @@ def test_the_c_launcher_creates_a_jail_inside_its_cgroup(
         launcher.close()
         into.discard()
         written.discard()
+        next(lifetimes, None)
+
+
+def _kind(lt: _lifetime.Lifetime) -> str:
+    return "v2" if lt.mode == "cgroup2" else "freezer"
+
+
+def _in(running: Running, lt: _lifetime.Lifetime) -> str:
+    """The cgroup ``running``'s main process is in (as /proc names it)."""
+    return cgroup_of(running.pid, "" if lt.mode == "cgroup2" else "freezer")
+
+
+# bwrap is not here: its pid namespace's init is still in the cgroup when
+# bwrap exits, so its cgroups are killed and never lent (see the next test).
+@pytest.mark.parametrize("backend", ["landlock", "landlock-python", "none", "none-helper"],
+                         indirect=True)
+@pytest.mark.parametrize("lifetime", ["cgroup2", "cgroup1"], indirect=True)
+def test_an_ended_jails_cgroup_holds_the_next_jail_unless_it_has_limits(
+    world: World, lifetime: _lifetime.Lifetime
+) -> None:
+    marker = secrets.token_hex(8)
+    assert len(lifetime._spare) == 1  # pinned_lifetime's setup lent its first cgroup
+    used = Path(lifetime._spare[0].kill[1]).name
+    first = _start(world, "exit 3", marker)
+    assert first.wait(30) == 3
+    assert [Path(leaf.kill[1]).name for leaf in lifetime._spare] == [used]  # lent back
+    second = _start(world, "sleep 30", marker)
+    await_(lambda: marked(marker, "sleep"), "the second jail")
+    assert Path(_in(second, lifetime)).name == used  # lent, not made anew
+    # Limits: a cgroup of its own, removed at the end (charges stay with a cgroup).
+    out = open(world.meta / "stdout", "wb")  # noqa: SIM115
+    limited = world.backend.start(
+        world.policy(["/bin/sh", "-c", "sleep 30"], resources=Resources(processes=64)),
+        stdout=out, stderr=out)
+    out.close()
+    await_(lambda: len(marked(marker, "sleep")) >= 2, "the limited jail")
+    own = Path(_in(limited, lifetime)).name
+    assert own != used
+    limited.kill(grace=0.1)
+    second.kill(grace=0.1)
+    assert lifetime._tree is not None
+    engine = Path(lifetime._tree.kill[1])
+    assert not (engine / own).exists(), "a limited jail's cgroup was kept"
+
+
+@pytest.mark.parametrize("backend", ["none", "none-helper"], indirect=True)
+@pytest.mark.parametrize("lifetime", ["cgroup2", "cgroup1"], indirect=True)
+def test_a_cgroup_the_engine_had_to_kill_is_removed_not_lent(
+    world: World, lifetime: _lifetime.Lifetime
+) -> None:
+    # A process that left the jail's session outlives its main process, so
+    # the engine kills it through the cgroup: that cgroup goes (a process
+    # cloned into a killed cgroup was SIGKILLed at birth on Linux 6.18), and
+    # the next jail runs. (bwrap's jails mostly end this way: bwrap exits a
+    # moment before its pid namespace's init.)
+    marker = secrets.token_hex(8)
+    assert len(lifetime._spare) == 1  # pinned_lifetime's setup lent its first cgroup
+    folder = Path(lifetime._spare[0].kill[1])
+    first = _start(world, "setsid sh -c 'touch started; exec sleep 1000' & "
+                          "until [ -e started ]; do sleep 0.01; done; exit 3", marker)
+    assert first.wait(30) == 3
+    await_(lambda: not marked(marker), "the escaped sleep to be killed")
+    await_(lambda: not folder.exists(), "the killed cgroup to be removed")
+    assert not lifetime._spare
+    after = _start(world, "exit 7", marker)
+    assert after.wait(30) == 7
+
+
+@pytest.mark.parametrize("backend", ["landlock", "landlock-python", "none", "none-helper"],
+                         indirect=True)
+@pytest.mark.parametrize("lifetime", ["cgroup2", "cgroup1"], indirect=True)
+def test_a_lent_cgroup_with_a_cgroup_below_it_is_removed(
+    world: World, lifetime: _lifetime.Lifetime
+) -> None:
+    marker = secrets.token_hex(8)
+    folder = Path(lifetime._spare[0].kill[1])
+    running = _start(world, "sleep 30", marker)
+    await_(lambda: marked(marker, "sleep"), "the jail in the lent cgroup")
+    assert Path(_in(running, lifetime)).name == folder.name
+    (folder / "below").mkdir()
+    running.kill(grace=0.1)
+    assert not lifetime._spare
+    assert not folder.exists()
+
+
+@pytest.mark.parametrize("mode", ["cgroup2", "cgroup1"])
+def test_only_an_empty_thawed_leaf_cgroup_is_reusable(
+    mode: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    needs_c_launcher()
+    lifetimes = pinned_lifetime(mode, monkeypatch)
+    lt = next(lifetimes)
+    group = lt.open()
+    kind, folder = _kind(lt), group.cgroup
+    assert folder is not None
+    launcher = _direct.LauncherThread()
+    try:
+        assert _cgroup.reusable(kind, folder)
+        os.mkdir(os.path.join(folder, "below"))
+        assert not _cgroup.reusable(kind, folder)
+        os.rmdir(os.path.join(folder, "below"))
+        freeze = ("cgroup.freeze", "1", "0") if kind == "v2" else ("freezer.state", "FROZEN",
+                                                                   "THAWED")
+        Path(folder, freeze[0]).write_text(freeze[1])
+        assert not _cgroup.reusable(kind, folder)
+        Path(folder, freeze[0]).write_text(freeze[2])
+        assert _cgroup.reusable(kind, folder)
+        with open(tmp_path / "out", "wb") as out:
+            r = launcher.spawn("/bin/sleep", ["sleep", "30"], {}, [out.fileno()] * 2,
+                               cgroups=list(group.join_fds))
+        assert not _cgroup.reusable(kind, folder)
+        r.kill(0.1)
+        await_(lambda: _cgroup.reusable(kind, folder), "the cgroup to empty")
+    finally:
+        launcher.close()
+        group.discard()
         next(lifetimes, None)

@@ -326,13 +326,16 @@ def kill(kind: str, folder: str) -> None:
     # A task in uninterruptible sleep delays freezing; kill what is frozen
     # by then anyway (the caller retries until the cgroup is empty).
     deadline = time.monotonic() + 1.0
-    while _read(state).strip() != "FROZEN" and time.monotonic() < deadline:
-        time.sleep(0.002)
-    for d in _subtree(folder):
-        for pid in _procs(d):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-    _write(state, "THAWED")
+    try:
+        while _read(state).strip() != "FROZEN" and time.monotonic() < deadline:
+            time.sleep(0.002)
+        for d in _subtree(folder):
+            for pid in _procs(d):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        _write(state, "THAWED")
+    except FileNotFoundError:
+        return  # removed meanwhile (the watchdog ends an engine's folders whole)
 
 
 def end(kind: str, folder: str, timeout: float = 10.0) -> bool:
@@ -380,6 +383,23 @@ def _end_v2(folder: str, timeout: float) -> bool:
         return True
     finally:
         os.close(events)
+
+
+def reusable(kind: str, folder: str) -> bool:
+    """Whether an ended jail's cgroup can hold the next jail as it is: no process
+    in it, no cgroup below it, not frozen. (Its settings are the engine's to
+    write; only a ``none`` jail, which runs as the engine's user, could change
+    them, and it can change anything of the engine's.)"""
+    try:
+        # A cgroup folder's link count is 2 plus its sub-cgroups (kernfs).
+        if os.stat(folder).st_nlink != 2:
+            return False
+        if kind == "v2":
+            events = _read(os.path.join(folder, "cgroup.events"))
+            return "populated 0" in events and "frozen 1" not in events
+        return not _procs(folder) and _read(os.path.join(folder, "freezer.state")).strip() == "THAWED"
+    except OSError:
+        return False
 
 
 def remove(folders: Iterable[str]) -> bool:
