@@ -60,3 +60,18 @@ def test_many_pipes_at_once(tmp_path: Path) -> None:
         assert cap.wait(30)
         assert (tmp_path / f"{i}.out").read_text() == f"item {i}\n"
     hub.close()
+
+
+def test_a_pipe_opened_while_the_hub_waits_is_read(tmp_path: Path) -> None:
+    # Each capture is registered from the opening thread while the hub's
+    # select() is under way (it is not woken to register it): every one completes.
+    hub = Captures()
+    try:
+        for i in range(20):
+            w, cap = hub.open(tmp_path / f"{i}.err")
+            os.write(w, f"item {i}\n".encode())
+            os.close(w)
+            assert cap.wait(30)
+            assert (tmp_path / f"{i}.err").read_text() == f"item {i}\n"
+    finally:
+        hub.close()

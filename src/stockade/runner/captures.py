@@ -81,7 +81,6 @@ class Captures:
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
-        self._new: list[tuple[int, Capture]] = []
         self._closed = False
         self._thread: threading.Thread | None = None
 
@@ -95,23 +94,21 @@ class Captures:
                 os.close(r)
                 os.close(w)
                 raise RuntimeError("captures are closed")
-            self._new.append((r, cap))
+            # Registered from this thread: a select() under way sees the new
+            # pipe (epoll and kqueue allow it), so the hub wakes once per
+            # capture, at its data or EOF, not also to be told of it.
+            self._sel.register(r, selectors.EVENT_READ, cap)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="captures", daemon=True)
                 self._thread.start()
-        os.write(self._wake_w, b"x")
         return w, cap
 
     def _loop(self) -> None:
         buf = bytearray(CHUNK)
         while True:
             with self._lock:
-                new, self._new = self._new, []
-                closed = self._closed
-            for fd, cap in new:
-                self._sel.register(fd, selectors.EVENT_READ, cap)
-            if closed and len(self._sel.get_map()) == 1:
-                return
+                if self._closed and len(self._sel.get_map()) == 1:
+                    return
             for key, _ in self._sel.select(timeout=1.0):
                 if key.data is None:
                     with contextlib.suppress(BlockingIOError):
@@ -130,7 +127,8 @@ class Captures:
                     with contextlib.suppress(OSError):
                         cap.feed(bytes(buf[:n]))
                     continue
-                self._sel.unregister(fd)
+                with self._lock:
+                    self._sel.unregister(fd)
                 os.close(fd)
                 with contextlib.suppress(OSError):
                     cap.close()
