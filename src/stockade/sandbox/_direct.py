@@ -64,8 +64,8 @@ def launch_here() -> None:
 
 
 def _stdin() -> int:
-    """/dev/null for the stdin of processes started on their callers' threads
-    (opened once; it lives as long as the process)."""
+    """/dev/null for every started process's stdin (opened once; it lives as
+    long as the engine)."""
     global _devnull
     with _devnull_lock:
         if _devnull < 0:
@@ -150,7 +150,6 @@ class LauncherThread:
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._devnull = -1
 
     def spawn(
         self,
@@ -191,8 +190,8 @@ class LauncherThread:
             list(cgroups),
             cgroup_dir,
         )
+        req.fds.insert(0, _stdin())
         if getattr(_here, "on", False):
-            req.fds.insert(0, _stdin())
             _launch(req)
         else:
             with self._lock:
@@ -200,7 +199,6 @@ class LauncherThread:
                 # between its start and this request.
                 if self._thread is None:
                     self._start_thread()
-                req.fds.insert(0, self._devnull)
                 req.done = done = threading.Event()
                 self._queue.put(req)
             done.wait()
@@ -212,7 +210,6 @@ class LauncherThread:
         # Each thread gets its own queue: a request can never reach a thread
         # that close() has already told to stop.
         self._queue = queue.SimpleQueue()
-        self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self._thread = threading.Thread(
             target=self._run, args=(self._queue,), name="stockade-launcher", daemon=True
         )
@@ -232,9 +229,7 @@ class LauncherThread:
             if thread is None:
                 return
             self._queue.put(None)
-            devnull, self._devnull = self._devnull, -1
         thread.join()
-        os.close(devnull)
 
 
 def _launch(req: _Request) -> None:
