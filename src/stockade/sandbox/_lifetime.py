@@ -161,7 +161,7 @@ class JailGroup:
                 return
             if wait or not busy:
                 # (Nothing was left running: nothing to wait for, no hand-off.)
-                self._finish_locked()
+                self._finish_locked(empty=not busy)
             elif self._leaf is None:
                 # A process group was SIGKILLed as its leader was reaped; no
                 # cgroup to remove, so nothing to wait for (only kill() waits:
@@ -191,11 +191,13 @@ class JailGroup:
             return True
         return False
 
-    def _finish_locked(self) -> None:
+    def _finish_locked(self, *, empty: bool = False) -> None:
+        """End the group; ``empty``: its cgroup was just found empty (nothing can
+        enter it since), so there is nothing to kill or wait for."""
         self._gone = True
         if self._leaf is not None:
             leaf = self._leaf
-            if _cgroup.end(leaf.kill[0], leaf.kill[1], END_TIMEOUT):
+            if empty or _cgroup.end(leaf.kill[0], leaf.kill[1], END_TIMEOUT):
                 if not (self._lendable and self._lifetime.lend(leaf)):
                     leaf.close_fds()
                     _cgroup.remove(leaf.dirs)
