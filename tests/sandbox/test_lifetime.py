@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -377,5 +378,46 @@ def test_only_an_empty_thawed_leaf_cgroup_is_reusable(
         await_(lambda: _cgroup.reusable(kind, folder), "the cgroup to empty")
     finally:
         launcher.close()
+        group.discard()
+        next(lifetimes, None)
+
+
+def test_the_reaper_outlives_a_group_whose_folder_went() -> None:
+    # A cgroup folder removed under it (the watchdog ends an engine's
+    # folders whole) must not end the one thread every later jail needs.
+    done = threading.Event()
+
+    class Gone:
+        def finish(self) -> None:
+            raise FileNotFoundError(2, "No such file or directory", "freezer.state")
+
+    class Next:
+        def finish(self) -> None:
+            done.set()
+
+    _lifetime._reaper.put(Gone())  # type: ignore[arg-type]
+    _lifetime._reaper.put(Next())  # type: ignore[arg-type]
+    assert done.wait(30), "the reaper thread died with the first group"
+
+
+def test_a_v1_kill_of_a_folder_removed_meanwhile_returns(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The freeze was written, then the folder went before the state was read.
+    lifetimes = pinned_lifetime("cgroup1", monkeypatch)
+    lt = next(lifetimes)
+    group = lt.open()
+    folder = group.cgroup
+    assert folder is not None
+    real_read = _cgroup._read
+    try:
+        def gone(path: str) -> str:
+            raise FileNotFoundError(2, "No such file or directory", path)
+
+        monkeypatch.setattr(_cgroup, "_read", gone)
+        _cgroup.kill("freezer", folder)  # must not raise
+    finally:
+        monkeypatch.setattr(_cgroup, "_read", real_read)
+        Path(folder, "freezer.state").write_text("THAWED")
         group.discard()
         next(lifetimes, None)
