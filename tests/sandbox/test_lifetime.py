@@ -274,8 +274,8 @@ def _lent(lt: _lifetime.Lifetime) -> Path:
 
 
 #: Where a jail's cgroup is surely lent. Not bwrap: its pid namespace's init
-#: may still be in the cgroup when bwrap exits (7 of 200 jails measured), and
-#: that cgroup is then killed, not lent (see the test after the next).
+#: is often still in the cgroup when bwrap exits, and that cgroup is then
+#: killed, not lent (see the test after the next).
 LENDING = pytest.mark.parametrize("backend", ["landlock", "landlock-python", "none",
                                               "none-helper"], indirect=True)
 CGROUPS = pytest.mark.parametrize("lifetime", ["cgroup2", "cgroup1"], indirect=True)
