@@ -26,6 +26,7 @@ import pytest
 
 from stockade.errors import InfraError
 from stockade.sandbox import Backend, Resources, Running, _cgroup, _direct, _lifetime
+from stockade.sandbox.base import jail_left_nothing
 from tests.nobody import AS_NOBODY, need_nobody, readable_package
 from tests.sandbox.conftest import World, needs_c_launcher
 from tests.sandbox.lifetime_helpers import (
@@ -308,6 +309,28 @@ def test_an_ended_jails_cgroup_holds_the_next_jail_unless_it_has_limits(
     assert lifetime._tree is not None
     engine = Path(lifetime._tree.kill[1])
     assert not (engine / own).exists(), "a limited jail's cgroup was kept"
+
+
+@pytest.mark.parametrize("backend", ["none", "none-helper"], indirect=True)
+@pytest.mark.parametrize("lifetime", MECHANISMS, indirect=True)
+def test_a_jail_is_seen_gone_only_when_its_cgroup_was_found_empty(
+    world: World, lifetime: _lifetime.Lifetime
+) -> None:
+    # What the runner keeps an enforced jail's scratch folder on
+    # (ItemDir.jail_gone): a process that left the session is still running
+    # when the main one ends; a process group is never known to be empty.
+    marker = secrets.token_hex(8)
+    quiet = _start(world, "exit 0", marker)
+    assert not jail_left_nothing(quiet)  # not before wait() saw it end
+    assert quiet.wait(30) == 0
+    assert jail_left_nothing(quiet) is (lifetime.mode != "pgroup")
+    left = _start(world, "setsid sh -c 'touch started; exec sleep 1000' & "
+                         "until [ -e started ]; do sleep 0.01; done; exit 3", marker)
+    try:
+        assert left.wait(30) == 3
+        assert not jail_left_nothing(left)
+    finally:
+        kill_marked(marker)
 
 
 @pytest.mark.parametrize("backend", ["none", "none-helper"], indirect=True)

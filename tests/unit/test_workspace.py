@@ -325,6 +325,30 @@ def test_scratch_is_borrowed_on_first_use_and_an_empty_one_kept_only_without_a_s
     assert second.scratch == home  # the name is lent again either way
 
 
+def test_an_enforced_jails_scratch_is_kept_once_the_jail_was_seen_gone(tmp_path: Path) -> None:
+    run, first, home = _borrowed(tmp_path)
+    inode = home.stat().st_ino
+    first.jail_gone()
+    first.end_attempt(keep_scratch=False)
+    assert home.stat().st_ino == inode  # kept, not removed
+    second = run.item("s", 1)
+    second.begin_attempt(1)
+    assert second.scratch == home
+    # The mark is the attempt's own: the next attempt's folder goes again.
+    second.end_attempt(keep_scratch=False)
+    assert not os.path.lexists(home)
+
+
+def test_a_scratch_of_a_jail_seen_gone_is_still_removed_if_it_came_back_used(
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    _, idir, home = _borrowed(tmp_path)
+    _left_file(home)
+    idir.jail_gone()
+    idir.end_attempt()
+    assert not os.path.lexists(home)
+
+
 def test_an_attempt_that_never_asks_for_scratch_borrows_nothing(tmp_path: Path) -> None:
     run = RunDir(tmp_path, "r")
     idir = run.item("s", 0)

@@ -96,6 +96,8 @@ class JailGroup:
         self._pgid: int | None = None
         self._lock = threading.Lock()
         self._signalled = False
+        #: Its cgroup was found empty once the main process had ended.
+        self._found_empty = False
         self._queued = False
         self._gone = False
 
@@ -114,6 +116,18 @@ class JailGroup:
         """A cgroup v2 folder fd to start the jail in (CLONE_INTO_CGROUP),
         whose ``cgroup.procs`` is ``join_fds[0]``; -1 if none."""
         return self._leaf.dir_fd if self._leaf is not None else -1
+
+    @property
+    def contained(self) -> bool:
+        """A cgroup holds every process of the jail: ending it ends them all,
+        whatever uid or session they have."""
+        return self._leaf is not None
+
+    @property
+    def left_nothing(self) -> bool:
+        """Once the main process ended, nothing of the jail was left running
+        (its cgroup was empty): no process of it can still touch a file."""
+        return self._found_empty
 
     @property
     def pids_limited(self) -> bool:
@@ -155,6 +169,7 @@ class JailGroup:
             if not self._signalled:
                 self._signalled = True
                 busy = self._signal()
+                self._found_empty = self._leaf is not None and not busy
                 # Killed: never lent (see the module doc).
                 self._lendable = self._lendable and not busy
             if self._gone:
@@ -252,6 +267,16 @@ class GroupRunning:
     @property
     def pid(self) -> int:
         return self._inner.pid
+
+    @property
+    def contained(self) -> bool:
+        """See ``JailGroup.contained``."""
+        return self._group.contained
+
+    @property
+    def left_nothing(self) -> bool:
+        """See ``JailGroup.left_nothing`` (False until ``wait`` returned a status)."""
+        return self._group.left_nothing
 
     def wait(self, timeout: float | None = None) -> int | None:
         status = self._inner.wait(timeout)

@@ -50,7 +50,7 @@ from pathlib import Path
 
 from stockade.errors import InfraError
 from stockade.sandbox import _direct
-from stockade.sandbox.base import Running
+from stockade.sandbox.base import Running, jail_left_nothing
 
 ENV = "STOCKADE_JAIL_UIDS"
 DEFAULT_RANGE = (60706, 61183)
@@ -368,6 +368,10 @@ class LeasedRunning:
     @property
     def uid(self) -> int:
         return self._lease.uid
+
+    @property
+    def left_nothing(self) -> bool:
+        return jail_left_nothing(self._inner)
 
     def wait(self, timeout: float | None = None) -> int | None:
         status = self._inner.wait(timeout)

@@ -545,7 +545,10 @@ class BwrapBackend(Backend):
             finally:
                 lease.release()
             raise
-        return _uids.LeasedRunning(running, lease, owned)
+        # A cgroup ends every process of the jail, whatever it became; without
+        # one, the jail's pid-namespace init may outlive bwrap: kill the uid.
+        return _uids.LeasedRunning(
+            running, lease, owned, sweep=lambda: not getattr(running, "contained", False))
 
     def _start_jail(
         self, policy: Policy, stdout: IO[bytes] | int, stderr: IO[bytes] | int,

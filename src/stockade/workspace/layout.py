@@ -76,16 +76,18 @@ class ScratchPool:
     engine's kernel time on a 2,000-item ``--sandbox none`` run, measured
     against the pool in paired runs).
 
-    Only a folder that no sandbox stood around may be lent again as it is
-    (``give(..., keep=True)``: the ``none`` backend, ``isolate: false``),
-    and only if it comes back empty with the owner, group and mode of
-    ``.scratch`` itself (backends make both alike). A jail's last processes
-    die a moment after its main one (SIGKILLed, then reaped off the item's
-    path), and a system call one of them had begun may still create a file:
-    kept for the next attempt, the folder would carry it across. So the
-    folder of an enforced jail is always removed, and only its name is lent
-    again: bwrap binds the folder and landlock grants it by its inode, so a
-    jail still dying reaches the removed folder, never the new one.
+    Only a folder that no sandbox stood around (``give(..., keep=True)``:
+    the ``none`` backend, ``isolate: false``), or whose jail was seen wholly
+    gone (``ItemDir.jail_gone``: its cgroup empty when its main process
+    ended, nothing killed), may be lent again as it is, and only if it comes
+    back empty with the owner, group and mode of ``.scratch`` itself
+    (backends make both alike). Otherwise a jail's last processes die a
+    moment after its main one (SIGKILLed, then reaped off the item's path),
+    and a system call one of them had begun may still create a file: kept
+    for the next attempt, the folder would carry it across. So that folder
+    is removed, and only its name is lent again: bwrap binds the folder and
+    landlock grants it by its inode, so a jail still dying reaches the
+    removed folder, never the new one.
 
     A name whose folder cannot be removed (its jail left a folder it may not
     read) is never lent again; a name is also cleared before its first loan
@@ -196,6 +198,9 @@ class ItemDir:
     #: that never runs a jail).
     pool: ScratchPool | None = field(default=None, repr=False)
     _lent: Path | None = field(default=None, init=False, repr=False)
+    #: The jail that used the lent scratch folder is known to be wholly gone
+    #: (``jail_gone``): the folder may be lent again as it is.
+    _quiet: bool = field(default=False, init=False, repr=False)
 
     @property
     def scratch(self) -> Path:
@@ -276,10 +281,17 @@ class ItemDir:
         os.mkdir(os.path.join(work, "out"))
         return n
 
+    def jail_gone(self) -> None:
+        """The attempt's jail ended and the backend saw every process of it
+        gone, none killed (``sandbox.jail_left_nothing``): nothing can still
+        write to its scratch folder, so ``end_attempt`` may keep the folder."""
+        self._quiet = True
+
     def end_attempt(self, *, keep_scratch: bool = False) -> None:
         """Return the attempt's scratch folder (its jail has ended); ``keep_scratch``:
         the jail was not an enforced sandbox, so an empty folder may be lent again
-        as it is (``ScratchPool``)."""
+        as it is (``ScratchPool``), as it may after ``jail_gone``."""
         lent, self._lent = self._lent, None
+        quiet, self._quiet = self._quiet, False
         if lent is not None and self.pool is not None:
-            self.pool.give(lent, keep=keep_scratch)
+            self.pool.give(lent, keep=keep_scratch or quiet)

@@ -29,7 +29,7 @@ from stockade.runner.attempt import ITEM_ERRORS, Attempt, Outcome, error_message
 from stockade.runner.env import Masker, build_env
 from stockade.runner.records import attach
 from stockade.runner.status import AttemptStatus
-from stockade.sandbox.base import Backend, InputSharing
+from stockade.sandbox.base import Backend, InputSharing, jail_left_nothing
 from stockade.sandbox.policy import ExtraMount, NetworkMode, Policy, Resources
 from stockade.spec.model import Step
 from stockade.spec.sizes import format_size, parse_size
@@ -263,6 +263,8 @@ def run_jail(
                 if timed_out:
                     jail.kill(grace=2.0)
                     code = jail.wait(10)
+                elif jail_left_nothing(jail):
+                    attempt.dirs.jail_gone()
             finally:
                 jails.finished(key)
         for cap in captures:
