@@ -138,7 +138,7 @@ def test_a_killed_engine_shows_crashed_with_the_resume_command(project: Project)
         name: crashy
         steps:
           - id: slow
-            run: sleep 300
+            run: echo started; sleep 300
     """)
     p = project.popen("run", str(wf), "--run-id", "cr1")
     _wait_for(lambda: (project.item("cr1", "slow", 0) / "meta/1.out").exists())
@@ -307,7 +307,8 @@ def test_notify_posts_once_with_the_failed_items(project: Project) -> None:
 
 def test_gc_rm_and_cancel_never_touch_a_running_run(project: Project) -> None:
     wf = project.write("wf.yaml", "name: g\nsteps:\n  - id: a\n    run: echo hi\n")
-    slow = project.write("slow.yaml", "name: s\nsteps:\n  - id: a\n    run: sleep 300\n")
+    slow = project.write("slow.yaml",
+                         "name: s\nsteps:\n  - id: a\n    run: echo started; sleep 300\n")
     for rid in ("old-1", "old-2", "old-3"):
         assert project.run("run", str(wf), "--run-id", rid).code == 0
     p = project.popen("run", str(slow), "--run-id", "live-1")

@@ -80,6 +80,29 @@ def test_retry_gets_a_fresh_work_dir_and_the_old_one_moves_to_meta(tmp_path: Pat
     assert (old / "scratch.txt").exists()
 
 
+def test_attempts_that_wrote_nothing_are_still_found_on_disk(tmp_path: Path) -> None:
+    # Captures are made on the first byte: a silent attempt leaves none, and
+    # a crashed engine's resume must still count it (resume.record_lost_attempts).
+    idir = RunDir(tmp_path, "r").item("s", 0)
+    assert idir.attempt_numbers() == []
+    idir.begin_attempt()
+    assert idir.attempt_numbers() == [1]  # only work/ says so
+    assert idir.begin_attempt() == 2  # the next, not attempt 1 again
+    assert idir.attempt_numbers() == [1, 2]
+    idir.stderr(2).write_text("oops\n")
+    (idir.attempt_dir(3)).mkdir()  # an agent's records of an attempt, say
+    assert idir.attempt_numbers() == [1, 2, 3]
+    assert idir.begin_attempt() == 4
+    assert idir.attempt_numbers() == [1, 2, 3, 4]
+    assert (idir.attempt_dir(3) / "work" / "out").is_dir()
+
+
+def test_an_item_reused_from_another_run_has_no_attempt_on_disk(tmp_path: Path) -> None:
+    idir = RunDir(tmp_path, "r").item("s", 0)
+    idir.out.mkdir(parents=True)  # what reuse.place makes: no meta/
+    assert idir.attempt_numbers() == []
+
+
 def _write(p: Path, data: bytes) -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_bytes(data)

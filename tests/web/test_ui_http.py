@@ -131,7 +131,10 @@ def test_every_page_and_route_answers(project: Project, finished: str, start_ui:
     assert [(s["id"], s["done"], s["total"]) for s in run["steps"]] == [("make", 2, 2), ("use", 1, 1)]
     tl = ui.get("/api/runs/webrun1/timeline").json()
     assert tl["steps"] == ["make", "use"] and tl["spans"]["s"] == [0, 0, 1]
-    assert ui.get("/runs/webrun1/make/one/log/1/stdout").headers["x-content-type-options"] == "nosniff"
+    silent = ui.get("/runs/webrun1/make/one/log/1/stdout")  # printed nothing: no capture file
+    assert silent.status_code == 200 and silent.text == ""
+    assert silent.headers["x-content-type-options"] == "nosniff"
+    assert ui.get("/runs/webrun1/make/one/log/9/stdout").status_code == 404  # never ran
     # The vendored layout library is the file its README names.
     line = next(x for x in (VENDOR / "README.md").read_text().splitlines() if "dagre.min.js" in x)
     want = re.findall(r"`([0-9a-f]{64})`", line)[0]

@@ -189,7 +189,7 @@ def _records(attempt: Attempt, result: JobResult) -> None:
     masker = attempt.run.masker
     if result.stdout is not None:
         data = masker.data(content(result.stdout))
-        if data or not masker:
+        if data:  # made on the first byte, as a local attempt's
             _write(attempt.stdout, data)
     if result.stderr is not None:
         data = masker.data(content(result.stderr))

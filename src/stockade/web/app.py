@@ -376,6 +376,13 @@ class UI:
         path = idir.stdout(n) if stream == "stdout" else idir.stderr(n)
         try:
             f = open(path, "rb")  # noqa: SIM115 - closed by the iterator
+        except FileNotFoundError:
+            # Captures are made on the first byte: an attempt that began and
+            # wrote nothing has an empty log, not a missing one.
+            if n in idir.attempt_numbers():
+                return PlainTextResponse("", headers={**HEADERS, "Content-Disposition": "inline"})
+            return PlainTextResponse(f"no {stream} for attempt {request.path_params['attempt']}\n",
+                                     404)
         except OSError:
             return PlainTextResponse(f"no {stream} for attempt {request.path_params['attempt']}\n",
                                      404)

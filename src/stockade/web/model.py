@@ -144,8 +144,8 @@ class StepView:
 
 
 def attempt_started(idir: ItemDir, n: int) -> float | None:
-    """When attempt ``n`` began, near enough: its stdout capture's change time (made as
-    the jail starts), else the fresh ``work/``'s."""
+    """When attempt ``n`` began, near enough: its stdout capture's change time (made
+    on its first byte), else the fresh ``work/``'s."""
     for path in (idir.stdout(n), idir.work):
         try:
             return os.stat(path).st_ctime

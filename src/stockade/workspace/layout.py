@@ -235,12 +235,22 @@ class ItemDir:
         return Path(f"{self.meta}/{n}")
 
     def attempt_numbers(self) -> list[int]:
-        """Attempts with anything on disk, in order."""
+        """Attempts with anything on disk, in order.
+
+        An attempt's captures are made on its first byte, so the latest one
+        may have left none: its ``work/`` says it began. Each attempt's
+        ``work/`` moves to ``meta/<n>/work`` as the next begins, so the one in
+        place is the attempt after the last one moved. (``meta/`` is made with
+        the first attempt; an item reused from another run has none.)
+        """
         try:
             names = os.listdir(self.meta)
         except FileNotFoundError:
             return []
         found = {int(stem) for stem in (n.partition(".")[0] for n in names) if stem.isdigit()}
+        if os.path.lexists(self.work):
+            moved = [n for n in found if os.path.isdir(f"{self.meta}/{n}/work")]
+            found.add(max(moved, default=0) + 1)
         return sorted(found)
 
     def last_attempt(self) -> int:

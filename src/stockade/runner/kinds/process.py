@@ -210,9 +210,9 @@ def run_jail(
 
     The step's toolchain and the ``inputs`` shared by a bind join the policy here.
 
-    stdout goes straight to ``meta/<n>.out`` (through the capture hub when
-    secrets must be masked); stderr always through the hub, which creates
-    ``meta/<n>.err`` only if the attempt writes any. Returns ``(exit status,
+    stdout and stderr go through the capture hub, which masks secrets and
+    creates ``meta/<n>.out`` and ``meta/<n>.err`` only once the attempt
+    writes to them: a silent item makes no inode for either. Returns ``(exit status,
     timed out)``; the status is None when the run was cancelled before the
     jail started.
     """
@@ -238,12 +238,8 @@ def run_jail(
     key = (step.id, attempt.item.index)
     captures = []
     try:
-        if masker:
-            out_fd, cap = hub.open(attempt.stdout, masker)
-            captures.append(cap)
-        else:
-            out_fd = os.open(attempt.stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-                             | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        out_fd, cap = hub.open(attempt.stdout, masker)
+        captures.append(cap)
         try:
             err_fd, cap = hub.open(attempt.stderr, masker)
             captures.append(cap)
