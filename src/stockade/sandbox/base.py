@@ -48,10 +48,10 @@ class Running(Protocol):
 
 
 def jail_left_nothing(running: Running) -> bool:
-    """Whether every process of the jail was seen gone, none killed, once
-    ``wait`` returned its status: nothing of it can still create a file, so
-    the folders it wrote may be used again as they are. True only where the
-    backend knows (a cgroup found empty); False for anything else.
+    """Whether every process of the jail was seen gone once ``wait`` returned
+    its status (its cgroup found empty, with nothing left to kill): nothing
+    of it can still create a file, so the folders it wrote may be used again
+    as they are. True only where the backend knows; False for anything else.
     """
     return bool(getattr(running, "left_nothing", False))
 
