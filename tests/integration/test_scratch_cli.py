@@ -3,8 +3,8 @@
 (``workspace.layout.ScratchPool``): every attempt starts in an empty one
 with the mode the engine made it with, whatever the attempt before it left
 there or did to it. An enforced jail's folder is removed when its attempt
-ends unless the jail was seen wholly gone (its cgroup empty, nothing
-killed): a jail still dying could write into a folder kept for the next
+ends unless the jail was seen wholly gone (its cgroup found empty as its
+main process ended): a jail still dying could write into a folder kept for the next
 attempt. Without a sandbox, an empty folder is lent again as it is.
 """
 
@@ -99,7 +99,8 @@ def test_every_attempt_starts_in_an_empty_scratch_folder(tmp_path_factory: pytes
 
 
 #: One at a time. ``quiet`` leaves nothing running; ``linger`` leaves a
-#: process behind that would write into its HOME after the main one ended.
+#: process behind that writes into its HOME 0.2 s after the main one ended,
+#: while the next item (which looks after 1 s) is running.
 LINGER = """
 name: linger
 steps:
@@ -112,8 +113,9 @@ steps:
     needs: [quiet]
     for_each: [0, 1, 2]
     run: |
+      sleep 1
       ls -A "$HOME" > out/found.txt
-      ( sleep 2; echo late > "$HOME/late" ) &
+      ( sleep 0.2; echo late > "$HOME/late" ) > /dev/null 2>&1 &
 """
 
 
@@ -142,8 +144,10 @@ def test_an_enforced_jail_that_left_nothing_running_keeps_its_scratch_folder(
     # the inode just freed), not removed and made again.
     assert out("quiet", 0, "inode.txt") == out("quiet", 1, "inode.txt")
     # What an item left running ended with it: it never wrote into a folder
-    # the next item borrowed.
+    # the next item borrowed. (Three things stop that write here: the kill of
+    # the jail's process group as its main process is reaped, the cgroup's
+    # end, and for a root engine the folder handed back to the engine; the
+    # lingering process closes its stdout and stderr, so the attempt does not
+    # wait for it.)
     assert all(out(step, i, "found.txt") == "" for step, n in (("quiet", 2), ("linger", 3))
                for i in range(n))
-    scratch = project.root / "runs" / "l1" / ".scratch"
-    assert not list(scratch.rglob("late"))

@@ -78,8 +78,8 @@ class ScratchPool:
 
     Only a folder that no sandbox stood around (``give(..., keep=True)``:
     the ``none`` backend, ``isolate: false``), or whose jail was seen wholly
-    gone (``ItemDir.jail_gone``: its cgroup empty when its main process
-    ended, nothing killed), may be lent again as it is, and only if it comes
+    gone (``ItemDir.jail_gone``: its cgroup found empty when its main
+    process ended, nothing left in it to kill), may be lent again as it is, and only if it comes
     back empty with the owner, group and mode of ``.scratch`` itself
     (backends make both alike). Otherwise a jail's last processes die a
     moment after its main one (SIGKILLed, then reaped off the item's path),
@@ -293,7 +293,7 @@ class ItemDir:
 
     def jail_gone(self) -> None:
         """The attempt's jail ended and the backend saw every process of it
-        gone, none killed (``sandbox.jail_left_nothing``): nothing can still
+        gone (``sandbox.jail_left_nothing``): nothing can still
         write to its scratch folder, so ``end_attempt`` may keep the folder."""
         self._quiet = True
 
