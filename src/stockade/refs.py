@@ -41,7 +41,9 @@ def is_engine_object(value: Any) -> bool:
 
 def escape_key(key: str) -> str:
     """``$artifact`` -> ``$$artifact`` (and so on for each extra ``$``); other keys as they are."""
-    return "$" + key if _RESERVED_OR_ESCAPED.fullmatch(key) else key
+    # Most keys hold no ``$``: no regex for them (this runs on every key of
+    # every item value the engine records).
+    return "$" + key if "$" in key and _RESERVED_OR_ESCAPED.fullmatch(key) else key
 
 
 def unescape_key(key: str) -> str:

@@ -12,7 +12,7 @@ import pytest
 from stockade.store._rows import dump_json, load_json
 
 CASES: list[Any] = [
-    None, True, False, 0, -7, 1.5, 1e300, "", "plain", "é ü 雪 \u2028 \x00 \"quoted\"",
+    None, True, False, 0, -7, 10**30, -(2**63), 1.5, 1e300, "", "plain", "é ü 雪 \u2028 \x00 \"quoted\"",
     [], {}, [1, "two", None, [3.0]], {"b": 1, "a": {"z": None, "y": ["ü", {"d": 1, "c": 2}]}},
     {"$artifact": "x", "$$file": "y"},
 ]

@@ -108,7 +108,9 @@ def _compile_expr(expr: nodes.Expr) -> Callable[[dict[str, Any]], Any]:
     def evaluate(values: dict[str, Any]) -> Any:
         # ``values`` is built afresh by each render and ENV has no globals:
         # shared, so Jinja does not copy it again.
-        ctx = tmpl.new_context(values, shared=True)
+        # Built directly: ``Template.new_context`` would also copy the names
+        # of its (empty) globals, a ChainMap walked in Python, on every render.
+        ctx = ENV.context_class(ENV, values, tmpl.name, tmpl.blocks)
         for _ in tmpl.root_render_func(ctx):
             pass
         value = ctx.vars["result"]

@@ -32,6 +32,16 @@ _ENCODER = json.JSONEncoder(sort_keys=True, ensure_ascii=False)
 
 
 def dump_json(value: Any) -> str:
+    # The encoder builds its C scanner afresh on every call that is not a
+    # string: the commonest values (an item's index, a keep:'s boolean, an
+    # empty result) are spelt here, as ``json`` spells them.
+    kind = type(value)
+    if value is None:
+        return "null"
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is int:
+        return int.__repr__(value)
     return _ENCODER.encode(value)
 
 

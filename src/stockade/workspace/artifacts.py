@@ -239,6 +239,10 @@ def check_input_name(name: str) -> str:
     return norm
 
 
+#: Exact types that are their own JSON value (a subclass may carry a hook).
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+
+
 def to_json_value(value: Any) -> Any:
     """Turn rendered values (possibly holding artifacts) into plain JSON values.
 
@@ -246,6 +250,8 @@ def to_json_value(value: Any) -> Any:
     ``$file`` or ``$tree`` key is escaped to ``$$artifact`` (and so on), so
     data never reads as a reference.
     """
+    if type(value) in _LEAVES:
+        return value
     hook = getattr(value, "__stockade_json__", None)
     if hook is not None:
         return hook()
