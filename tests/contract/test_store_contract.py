@@ -292,6 +292,57 @@ def test_step_and_run_tallies(store: Store) -> None:
     assert store.run_tallies([]) == {}
 
 
+def test_step_tallies_of_some_steps(store: Store) -> None:
+    _fill(store)
+    assert sorted(store.step_tallies("r1", ["t"])) == ["t"]
+    assert store.step_tallies("r1", ["s", "nope"])["s"].total == 25
+    assert store.step_tallies("r1", []) == {}
+
+
+def _finish_step(store: Store, step: str, tally: object, *, kind: str = "step_finished",
+                 at: float = 1.0) -> None:
+    data: dict[str, object] = {"step": step}
+    if tally != "absent":
+        data["tally"] = tally
+    store.add_event(Event("r1", at, kind, data))
+
+
+#: (run status, events as (kind, step, tally or "absent"), expected counts of s and t).
+#: The events' tallies differ from the records (s: 5 failed + 20 succeeded; t: 1
+#: skipped), so each case shows which one was read.
+_EVENT_TALLY = {"counts": {"succeeded": 3}, "started_at": 1.0, "ended_at": 2.0}
+RECORDED = [
+    ("running", [("step_finished", "s", _EVENT_TALLY)], {"failed": 5, "succeeded": 20}, {"skipped": 1}),
+    ("succeeded", [("step_finished", "s", _EVENT_TALLY), ("step_finished", "t", None)],
+     {"succeeded": 3}, None),
+    ("failed", [("step_finished", "s", _EVENT_TALLY), ("step_finished", "t", "absent")],
+     {"succeeded": 3}, {"skipped": 1}),
+    ("succeeded", [("step_finished", "s", _EVENT_TALLY), ("step_started", "s", "absent"),
+                   ("step_finished", "t", None)], {"failed": 5, "succeeded": 20}, None),
+    # A finished engine wrote a step event for every step with records: t has none here.
+    ("interrupted", [("step_started", "s", "absent"), ("step_finished", "s", _EVENT_TALLY)],
+     {"succeeded": 3}, None),
+    ("succeeded", [], {"failed": 5, "succeeded": 20}, {"skipped": 1}),
+]
+
+
+@pytest.mark.parametrize(("status", "events", "s", "t"), RECORDED)
+def test_recorded_tallies(store: Store, status: str, events: list[tuple[str, str, object]],
+                          s: dict[str, int], t: dict[str, int] | None) -> None:
+    _fill(store)
+    for n, (kind, step, tally) in enumerate(events):
+        _finish_step(store, step, tally, kind=kind, at=float(n))
+    if status != "running":
+        store.update_run("r1", status=status, ended_at=200.0)
+    record = store.get_run("r1")
+    assert record is not None
+    got = store.recorded_tallies(record)
+    assert got["s"].counts == s
+    assert (got["t"].counts if "t" in got else None) == t
+    if s == {"succeeded": 3}:
+        assert (got["s"].started_at, got["s"].ended_at) == (1.0, 2.0)
+
+
 def test_item_spans_light_and_filtered(store: Store) -> None:
     _fill(store, n=6)
     spans = store.item_spans("r1")

@@ -434,3 +434,52 @@ def test_a_starting_or_resuming_run_is_never_shown_crashed(tmp_path: Path) -> No
     assert str(result.summary.status) == "succeeded"
     resume_run("st1", opts, PlainReporter(io.StringIO()), env=env, on_start=look)
     assert seen == ["running", "running"]
+
+
+def test_a_finished_runs_tallies_come_from_its_step_events(project: Project) -> None:
+    """``show`` and the UI read a finished run's counts from its step_finished
+    events; they must agree with counting the records, through a resume too."""
+    from stockade.store import open_store
+
+    wf = project.write("wf.yaml", """
+        name: tallies
+        steps:
+          - id: good
+            for_each: [1, 2, 3]
+            run: echo {{ item }} > out/x.txt
+          - id: mixed
+            for_each: [1, 2, 3]
+            on_item_failure: continue
+            run: test {{ item }} != 2
+          - id: bad
+            run: exit 3
+          - id: after_bad
+            needs: [bad]
+            run: echo never
+          - id: decide
+            needs: [good]
+            for_each: "{{ steps.good.items }}"
+            keep: "{{ item.value != 2 }}"
+    """)
+    assert project.run("run", str(wf), "--run-id", "t1").code == 1
+    store = open_store(None, project.root)
+    try:
+        record = store.get_run("t1")
+        assert record is not None and record.status == "failed"
+        counted = store.step_tallies("t1")
+        assert counted["mixed"].counts == {"failed": 1, "succeeded": 2}
+        assert counted["after_bad"].counts == {"skipped": 1}
+        finished = store.events_of(["t1"], ["step_finished"])
+        assert sorted(ev.data["step"] for ev in finished if ev.data.get("tally")) == sorted(counted)
+        assert store.recorded_tallies(record) == counted
+        # Resume re-runs what did not succeed and what no longer verifies.
+        (project.item("t1", "good", 1) / "work/out/x.txt").write_text("changed\n")
+        assert project.run("resume", "t1").code == 1
+        record = store.get_run("t1")
+        assert record is not None and record.status == "failed"
+        assert store.recorded_tallies(record) == store.step_tallies("t1")
+        shown = project.run("show", "t1", "--json").json()
+        assert {s["id"]: s["counts"] for s in shown["steps"]}["mixed"] == {
+            "failed": 1, "succeeded": 2}
+    finally:
+        store.close()

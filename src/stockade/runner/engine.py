@@ -79,13 +79,18 @@ from stockade.store.base import (
     ReuseEntry,
     add_usage,
     sum_usage,
+    tally_json,
 )
 from stockade.store.base import Event as StoreEvent
 from stockade.workspace.artifacts import to_json_value
 from stockade.workspace.layout import ItemDir, RunDir
 
 #: Bookkeeping of finished items is written in batches of this many, or this often.
-FLUSH_EVERY = 64
+#: The time bound keeps the store (show, the UI, resume) at most a quarter second
+#: behind; the count bounds memory. A keep: over 100,000 items finishes tens of
+#: thousands a second: batches of 64 made it pay a transaction every 64 items
+#: (10,000/s against 14,000/s with 1,024, paired runs).
+FLUSH_EVERY = 1024
 FLUSH_SECONDS = 0.25
 
 
@@ -529,7 +534,11 @@ class Engine:
         if self.scheduler.usable(action.step):
             good = [r for r in sr.results.values() if r.status is ItemStatus.SUCCEEDED]
             self.views[action.step] = step_view(sr.step.kind, sr.step.for_each is not None, good)
-        self._event("step_finished", {"step": action.step, "status": str(action.status)})
+        # Every record of the step is written: its tally goes with the event,
+        # so show and the UI need not count a finished run's records again.
+        tally = self.store.step_tallies(self.run.run_id, [action.step]).get(action.step)
+        self._event("step_finished", {"step": action.step, "status": str(action.status),
+                                      "tally": tally_json(tally)})
         self.reporter.step_finished(action.step, str(action.status), action.message)
 
     # -- records --------------------------------------------------------------------

@@ -120,7 +120,7 @@ def run_summary(store: Store, record: RunRecord, first: int = 20) -> RunView:
     (all of an agent step's, whose token usage is summed): what ``show`` prints
     without ``--all``, answered without reading a 100,000-item run whole."""
     manifest = read_manifest(record)
-    tallies = {sid: t.counts for sid, t in store.step_tallies(record.run_id).items()}
+    tallies = {sid: t.counts for sid, t in store.recorded_tallies(record).items()}
     kinds = _declared(manifest)[1]
     by_step: dict[str, list[ItemRecord]] = {}
     usage_items: list[ItemRecord] = []

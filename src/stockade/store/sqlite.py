@@ -460,10 +460,16 @@ class SQLiteStore(Store):
         found = self._with_outputs(run_id, rows[:1])
         return found[0] if found else None
 
-    def step_tallies(self, run_id: str) -> dict[str, StepTally]:
+    def step_tallies(self, run_id: str,
+                     steps: Sequence[str] | None = None) -> dict[str, StepTally]:
+        where = "run_id=?"
+        args: tuple[Any, ...] = (run_id,)
+        if steps is not None:
+            where += f" AND step IN ({','.join('?' * len(steps))})"
+            args += tuple(steps)
         return tallies_from_rows(self._rows(
             "SELECT step, status, COUNT(*), MIN(started_at), MAX(ended_at) FROM items "
-            "WHERE run_id=? GROUP BY step, status", (run_id,)))
+            f"WHERE {where} GROUP BY step, status", args))
 
     def run_tallies(self, run_ids: Sequence[str]) -> dict[str, dict[str, int]]:
         if not run_ids:

@@ -251,7 +251,7 @@ class UI:
             known = ", ".join(s.id for s in steps) or "none"
             return self.error(404, f"run {record.run_id} has no step {step!r} (steps: {known})")
         tallies = self.final.get("tallies", record, st,
-                                 lambda: self.store.step_tallies(record.run_id))
+                                 lambda: self.store.recorded_tallies(record))
         sp = items.step_page(self.store, self.folds, record, step, page=page, limit=limit,
                              filter=filt, tallies=tallies)
         base = f"/runs/{quote(record.run_id)}/{quote(step)}"

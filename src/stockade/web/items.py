@@ -99,7 +99,7 @@ def step_page(store: Store, folds: Folds, record: RunRecord, step: str, *, page:
               tallies: dict[str, StepTally] | None = None) -> StepPage:
     fold = folds.get(record.run_id)
     live = state(record) is RunStatus.RUNNING
-    tally = (store.step_tallies(record.run_id) if tallies is None else tallies).get(step)
+    tally = (store.recorded_tallies(record) if tallies is None else tallies).get(step)
     status = step_status(fold, step, tally, live)
     recorded = tally.total if tally else 0
     total = max(fold.totals.get(step, 0), recorded)

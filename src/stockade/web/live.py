@@ -219,7 +219,7 @@ class StepTicker:
             return {"gone": True}
         views, status = step_views(self.store, record, self.folds, cache=self.final)
         tallies = self.final.get("tallies", record, status,
-                                 lambda: self.store.step_tallies(record.run_id)) \
+                                 lambda: self.store.recorded_tallies(record)) \
             if self.final is not None else None
         sp = itemsmod.step_page(self.store, self.folds, record, self.step, page=self.page,
                                 limit=self.limit, filter=self.filter, tallies=tallies)

@@ -195,8 +195,8 @@ def step_views(store: Store, record: RunRecord, folds: Folds, *,
     run_state = state(record)
     live = run_state is RunStatus.RUNNING
     fold = folds.get(record.run_id)
-    tallies = cache.get("tallies", record, run_state, lambda: store.step_tallies(record.run_id)) \
-        if cache is not None else store.step_tallies(record.run_id)
+    tallies = cache.get("tallies", record, run_state, lambda: store.recorded_tallies(record)) \
+        if cache is not None else store.recorded_tallies(record)
     declared = [s for s in manifest.get("steps") or [] if isinstance(s, dict) and "id" in s]
     known = {str(s["id"]) for s in declared}
     declared += [{"id": s} for s in sorted(tallies) if s not in known]
