@@ -97,6 +97,44 @@ def test_attempts_that_wrote_nothing_are_still_found_on_disk(tmp_path: Path) -> 
     assert (idir.attempt_dir(3) / "work" / "out").is_dir()
 
 
+def test_a_premade_item_begins_by_renaming_its_ready_work_dir(tmp_path: Path) -> None:
+    idir = RunDir(tmp_path, "r").item("s", 0)
+    idir.premake()
+    ready = os.stat(idir.ready)
+    assert os.stat(idir.meta).st_mode & 0o777 == 0o700
+    assert sorted(os.listdir(idir.path)) == [".next", "meta"]
+    assert os.listdir(idir.ready) == ["out"]
+    # Made ahead, not begun: no attempt on disk (resume counts none).
+    assert idir.attempt_numbers() == []
+    idir.premake()  # again: nothing changes
+    assert os.stat(idir.ready).st_ino == ready.st_ino
+    assert idir.begin_attempt(1) == 1
+    assert os.stat(idir.work).st_ino == ready.st_ino  # renamed, not made
+    assert sorted(os.listdir(idir.path)) == ["meta", "work"]
+    assert os.listdir(idir.work) == ["out"]
+    assert idir.attempt_numbers() == [1]
+    idir.premake()  # a begun item gets no second ready folder
+    assert not os.path.lexists(idir.ready)
+    assert idir.begin_attempt(2) == 2
+    assert (idir.attempt_dir(1) / "work" / "out").is_dir()
+
+
+def test_a_half_made_ready_folder_is_never_taken(tmp_path: Path) -> None:
+    # A crash inside premake leaves .next.tmp (no out/ yet, say): never renamed
+    # into place; the next premake starts it again, begin_attempt makes its own.
+    idir = RunDir(tmp_path, "r").item("s", 0)
+    os.makedirs(f"{idir.ready}.tmp")
+    assert idir.begin_attempt(1) == 1
+    assert os.listdir(idir.work) == ["out"]
+    other = RunDir(tmp_path, "r").item("s", 1)
+    os.makedirs(f"{other.ready}.tmp/junk")
+    other.premake()
+    assert sorted(os.listdir(other.ready)) == ["out"]
+    assert not os.path.lexists(f"{other.ready}.tmp")
+    other.drop_ready()
+    assert sorted(os.listdir(other.path)) == ["meta"]
+
+
 def test_an_item_reused_from_another_run_has_no_attempt_on_disk(tmp_path: Path) -> None:
     idir = RunDir(tmp_path, "r").item("s", 0)
     idir.out.mkdir(parents=True)  # what reuse.place makes: no meta/

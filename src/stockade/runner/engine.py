@@ -45,6 +45,7 @@ from stockade.runner.kinds.process import (
     network_mode,
     resources_of,
 )
+from stockade.runner.prefetch import FolderPrefetch
 from stockade.runner.report import Reporter
 from stockade.runner.resume import record_lost_attempts, verified_items
 from stockade.runner.reuse import Keyed, lookup, step_reuses, take
@@ -84,6 +85,9 @@ from stockade.store.base import (
 from stockade.store.base import Event as StoreEvent
 from stockade.workspace.artifacts import to_json_value
 from stockade.workspace.layout import ItemDir, RunDir
+
+#: Step kinds whose items begin with an attempt folder (``ItemDir.begin_attempt``).
+PREFETCHED_KINDS = ("run", "agent")
 
 #: Bookkeeping of finished items is written in batches of this many, or this often.
 #: The time bound keeps the store (show, the UI, resume) at most a quarter second
@@ -153,8 +157,11 @@ class Engine:
         resume: bool = False,
         reuse: bool = False,
         rng: random.Random | None = None,
+        prefetch: FolderPrefetch | None = None,
     ) -> None:
         self.spec, self.plan, self.run, self.ctx = spec, plan, run, context
+        #: Makes items' folders ahead of their turn (a local executor's runs).
+        self.prefetch = prefetch
         self.store = context.store
         self.executor = executor
         self.vars = dict(vars)
@@ -229,6 +236,8 @@ class Engine:
             self.flush()
             for t in self._cancellers:
                 t.join()
+            if self.prefetch is not None:
+                self.prefetch.close()
         return self._summary(status or RunStatus.INTERRUPTED)
 
     def _check_interrupt(self) -> RunStatus | None:
@@ -241,6 +250,8 @@ class Engine:
             self._cancel(grace=0.0)
             return None
         self.reporter.echo("interrupted: stopping running items (Ctrl-C again to kill at once)")
+        if self.prefetch is not None:
+            self.prefetch.clear()
         return self._apply(self.scheduler.handle(Interrupt(self.ctx.clock())))
 
     def _cancel(self, grace: float | None = None) -> None:
@@ -330,6 +341,10 @@ class Engine:
             self._event("isolation_opt_out", {"step": sid})
         if step_reuses(step, self.reuse):
             self._find_reusable(sr, done)
+        # Not on resume: an item there may have attempts on disk already.
+        if self.prefetch is not None and step.kind in PREFETCHED_KINDS and not self.resume:
+            self.prefetch.add(sid, (it.index for it in sr.items if it.index not in done
+                                    and not (it.reuse is not None and it.reuse.candidates)))
         return Expanded(sid, len(sr.items), now, frozenset(done))
 
     def _find_reusable(self, sr: _StepRun, done: set[int]) -> None:
@@ -417,6 +432,8 @@ class Engine:
         attempt = self._attempt(step, it, action.try_)
         if is_inline(step):
             return self._attempt_ended(attempt, kind_of(step).run(attempt))
+        if self.prefetch is not None and action.try_ == 1:
+            self.prefetch.claim(step.id, it.index)
         if action.try_ == 1 and it.reuse is not None and it.reuse.candidates:
             reused = self._reuse(attempt, it, it.reuse)
             if reused is not None:

@@ -35,6 +35,7 @@ from stockade.runner.cpus import available_cpus
 from stockade.runner.engine import Engine, RunSummary
 from stockade.runner.env import Masker
 from stockade.runner.executor import Executor, LocalExecutor
+from stockade.runner.prefetch import FolderPrefetch
 from stockade.runner.report import Reporter
 from stockade.runner.reuse import secret_key
 from stockade.runner.roots import executor_url, open_run_store
@@ -585,8 +586,12 @@ def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
     started = float(p.manifest["started_at"])
     try:
         reuse = spec.workflow.reuse if opts.reuse is None else opts.reuse
+        # Folders made ahead of each item's turn, on this machine's disk: a
+        # Dask worker makes its items' own.
+        prefetch = FolderPrefetch(run, ahead=2 * executor.slots) if dask is None else None
         engine = Engine(spec=spec, plan=p.plan, run=run, context=context, executor=executor,
-                        vars=p.values, reporter=hooks.reporter, resume=resume, reuse=reuse)
+                        vars=p.values, reporter=hooks.reporter, resume=resume, reuse=reuse,
+                        prefetch=prefetch)
         interrupts.attach(engine.interrupt)
         if dask is not None:
             _on_broken(dask, engine, hooks.reporter)

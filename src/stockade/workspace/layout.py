@@ -280,16 +280,51 @@ class ItemDir:
             else:
                 shutil.rmtree(work)
         if previous == 0:
-            # Top-down, so no mkdir fails on a missing parent first (the
-            # step's folder exists after its first item).
-            os.makedirs(self.path, exist_ok=True)
-            # meta/ is the engine's alone (prompts, transcripts, logs): no
-            # other local user, jail uids included, may list or read it.
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(self.meta, 0o700)
+            # A first attempt takes the folders ``premake`` made ahead of its
+            # turn, if they are there: a rename, no new inode on its path.
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(self.ready, work)
+                return n
+            self._make_item()
         os.mkdir(work)
         os.mkdir(os.path.join(work, "out"))
         return n
+
+    @cached_property
+    def ready(self) -> str:
+        """``<item>/.next``: a first attempt's ``work/`` made ahead of its turn."""
+        return f"{self.path}/.next"
+
+    def _make_item(self) -> None:
+        # Top-down, so no mkdir fails on a missing parent first (the step's
+        # folder exists after its first item).
+        os.makedirs(self.path, exist_ok=True)
+        # meta/ is the engine's alone (prompts, transcripts, logs): no other
+        # local user, jail uids included, may list or read it.
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.meta, 0o700)
+
+    def premake(self) -> None:
+        """Make the item's folders and its first ``work/`` (as ``.next``, with
+        ``out/``) before its turn, so that ``begin_attempt`` only renames it.
+
+        Only for an item whose first attempt has not begun; the caller makes
+        sure the two never run at once (``runner.prefetch``). ``.next`` is
+        complete once it exists: it is made as ``.next.tmp`` and renamed.
+        """
+        self._make_item()
+        if os.path.lexists(self.ready) or os.path.lexists(self.work):
+            return
+        tmp = f"{self.ready}.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(tmp)
+        os.mkdir(tmp)
+        os.mkdir(f"{tmp}/out")
+        os.rename(tmp, self.ready)
+
+    def drop_ready(self) -> None:
+        """Remove a ``.next`` no attempt took (the item never ran)."""
+        shutil.rmtree(self.ready, ignore_errors=True)
 
     def jail_gone(self) -> None:
         """The attempt's jail ended and the backend saw every process of it
