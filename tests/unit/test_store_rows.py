@@ -30,3 +30,12 @@ def test_dump_json_refuses_what_json_refuses() -> None:
         dump_json({"a": object()})
     with pytest.raises(TypeError):
         dump_json({1: "x", "1": "y"})  # keys of mixed types cannot be sorted
+
+
+def test_final_run_statuses_are_the_ones_only_a_returning_engine_writes() -> None:
+    # The store may not import the runner, so it spells these out; they must
+    # stay the run statuses other than running (and crashed, never stored).
+    from stockade.runner.status import RunStatus
+    from stockade.store.base import FINAL_RUN_STATUSES
+
+    assert {str(s) for s in RunStatus} - {"running", "crashed"} == FINAL_RUN_STATUSES

@@ -68,8 +68,8 @@ class FolderPrefetch:
             self._cond.notify_all()
 
     def settled(self) -> bool:
-        """Nothing to do until the engine claims or adds more (for tests and
-        progress: the window is full, or nothing is queued)."""
+        """Nothing to do until the engine claims or adds more: the window is
+        full, or nothing is queued (tests wait for this, not for time)."""
         with self._cond:
             queued = any(k in self._queued for k in self._queue)
             return self._busy is None and (not queued or len(self._made) >= self._ahead)
