@@ -11,14 +11,18 @@ Positive controls run the old layout (``bwrap_argv(memory_tmp=True)``: tmpfs
 from __future__ import annotations
 
 import functools
+import os
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from stockade.sandbox import Resources, _lifetime, bwrap
+from stockade.sandbox import Resources, _lifetime, _uids, bwrap
 from stockade.sandbox.bwrap import BwrapBackend
-from tests.sandbox.conftest import World, available_backend
+from tests.sandbox.conftest import World, available_backend, jail_ids, make_world
 from tests.sandbox.lifetime_helpers import pinned_lifetime
 
 pytestmark = pytest.mark.sandbox
@@ -104,3 +108,61 @@ def test_file_size_stops_a_big_file_in_each(world: World, target: str) -> None:
     r = world.run(BIG_WRITE, target, resources=Resources(file_size_bytes=MiB))
     assert "rc=" in r.out and "rc=0" not in r.out, r.both
     assert (world.base / "scratch" / "big").stat().st_size <= MiB
+
+
+@pytest.fixture
+def world_in_tmp(backend: BwrapBackend, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    """A world whose work/ lies below the host's /tmp, as a run in a ``mktemp -d``
+    folder has it (whatever ``TMPDIR`` says)."""
+    base = Path(tempfile.mkdtemp(prefix="stockade-cover-", dir="/tmp"))
+    w = make_world(backend, base)
+    lease = _uids.jail_uids().acquire() if os.geteuid() == 0 else None
+    if lease is not None:
+        monkeypatch.setattr(jail_ids(backend), "pinned", (lease.uid, lease.gid))
+        w.jail_uid = lease.uid
+    try:
+        yield w
+    finally:
+        if lease is not None:
+            lease.release()
+        for p in (w.host_tmp, w.home_file):
+            p.unlink(missing_ok=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+#: Tries to store a file at each place of work/'s chain of mount points, and
+#: at the top of that chain through HOME (the same folder, without the cover).
+COVER_PROBE = (
+    'for d in "$1" "$2"; do touch "$d/note" 2>/dev/null && echo "wrote $d"; done; '
+    'mkdir "$1/new" 2>/dev/null && echo "made $1/new"; '
+    'echo "fs=$(stat -f -c %T "$1")"; pwd; echo done'
+)
+
+
+def test_work_below_tmp_gets_its_mount_points_in_memory_read_only(world_in_tmp: World) -> None:
+    w = world_in_tmp
+    cover = bwrap.scratch_covers(w.policy(["true"]))
+    top = w.base.name
+    assert cover == [f"/tmp/{top}"]
+    r = w.run(COVER_PROBE, cover[0], str(w.item))
+    assert r.status == 0, r.both
+    assert "wrote" not in r.out and "made" not in r.out, r.both  # read-only
+    assert "fs=tmpfs" in r.out, r.both
+    assert r.out.splitlines()[-2:] == [str(w.work), "done"], r.both  # work/ at its host path
+    # On disk only the cover's own mount point, empty: no chain of folders.
+    scratch = w.base / "scratch"
+    assert os.listdir(scratch) == [top]
+    assert os.listdir(scratch / top) == []
+    assert bwrap.scratch_mount_points(w.policy(["true"])) == {top}
+
+
+def test_positive_control_without_the_cover_the_chain_is_made_in_the_scratch(
+    world_in_tmp: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = world_in_tmp
+    monkeypatch.setattr(bwrap, "scratch_covers", lambda policy: [])
+    r = w.run(COVER_PROBE, f"/tmp/{w.base.name}", str(w.item))
+    assert r.status == 0, r.both
+    assert f"made /tmp/{w.base.name}/new" in r.out, r.both  # writable, on disk
+    chain = w.base / "scratch" / w.item.relative_to("/tmp") / "work"
+    assert chain.is_dir(), sorted(str(p) for p in (w.base / "scratch").rglob("*"))

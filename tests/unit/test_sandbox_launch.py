@@ -10,7 +10,14 @@ import pytest
 from stockade.errors import InfraError
 from stockade.sandbox import ExtraMount, Policy, Resources, seccomp
 from stockade.sandbox._reach import BridgePlan
-from stockade.sandbox.bwrap import HostLayout, bwrap_argv, jail_env, rlimit_prefix
+from stockade.sandbox.bwrap import (
+    HostLayout,
+    bwrap_argv,
+    jail_env,
+    rlimit_prefix,
+    scratch_covers,
+    scratch_mount_points,
+)
 from stockade.sandbox.landlock import landlock_request
 from stockade.sandbox.macos import sbpl_profile, sbpl_quote, ulimit_prefix
 from tests.unit.test_sandbox_seccomp import ALLOW, ARCH, EACCES, run_bpf
@@ -121,6 +128,46 @@ def test_bwrap_argv_exact(name: str, pol: Policy, fds: dict[str, str], expected:
     argv = bwrap_argv(pol, LAYOUT, seccomp_fd=5, relay_script="/src/_relay.py", sources=fds)
     assert argv == expected
     assert not any(SECRET in a for a in argv)
+
+
+def test_bwrap_covers_the_mount_points_of_a_work_dir_below_tmp_with_a_read_only_tmpfs() -> None:
+    # A run kept in a mktemp -d folder: bubblewrap would otherwise make
+    # /tmp/run.X/runs/r1/s/0 folder by folder inside the item's scratch, on disk.
+    work = "/tmp/run.X/runs/r1/s/0/work"
+    argv = bwrap_argv(policy(work_dir=Path(work)), LAYOUT, seccomp_fd=5)
+    assert argv == [
+        *HEAD, *SYSTEM, *FRESH,
+        "--tmpfs", "/tmp/run.X",
+        "--bind", work, work,
+        "--remount-ro", "/tmp/run.X", *READ_ONLY,
+        "--chdir", work, "--seccomp", "5", "--", "/bin/sh", "-c", "echo hi",
+    ]  # fmt: skip
+
+
+COVER_CASES = [
+    # (work, mount targets, covers, mount points left in the scratch)
+    ("/runs/r1/s/0/work", (), [], set()),
+    ("/tmp/a/b/work", (), ["/tmp/a"], {"a"}),
+    ("/dev/shm/a/work", (), ["/dev/shm/a"], {"a"}),
+    ("/home/stockade/p/work", (), ["/home/stockade/p"], {"p"}),
+    # Right below /tmp: its own mount point, nothing to cover.
+    ("/tmp/work", (), [], set()),
+    ("/tmpx/a/work", (), [], set()),
+    # A toolchain below /tmp too; one cover per first folder.
+    ("/tmp/a/b/work", ("/tmp/a/tools", "/tmp/t/u"), ["/tmp/a", "/tmp/t"], {"a", "t"}),
+    # A mount at the cover or above it: the tmpfs would sit under it and the
+    # remount would make it read-only, so that chain is left to bubblewrap.
+    ("/tmp/a/b/work", ("/tmp/a",), [], set()),
+    ("/tmp/a/b/work", ("/tmp",), [], set()),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("work", "targets", "covers", "points"), COVER_CASES)
+def test_scratch_covers(work: str, targets: tuple[str, ...], covers: list[str],
+                        points: set[str]) -> None:  # fmt: skip
+    pol = policy(work_dir=Path(work), mounts=tuple(ExtraMount(Path("/src"), t) for t in targets))
+    assert scratch_covers(pol) == covers
+    assert scratch_mount_points(pol) == points
 
 
 @pytest.mark.parametrize("forbidden", ["/etc/shadow", "/run", "/root", "/home", "/var"])

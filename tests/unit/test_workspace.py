@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import uuid
 from pathlib import Path
 from typing import Any
@@ -406,6 +407,55 @@ def test_a_scratch_of_a_jail_seen_gone_is_still_removed_if_it_came_back_used(
     _, idir, home = _borrowed(tmp_path)
     _left_file(home)
     idir.jail_gone()
+    idir.end_attempt()
+    assert not os.path.lexists(home)
+
+
+def _with_mount_point(home: Path, name: str = "x") -> Path:
+    """What a bwrap jail with work/ below /tmp leaves: one empty folder, its mount point."""
+    point = home / name
+    point.mkdir()
+    os.chmod(point, stat.S_IMODE(home.stat().st_mode))
+    return point
+
+
+def test_a_scratch_holding_only_its_jails_empty_mount_point_is_kept(tmp_path: Path) -> None:
+    run, first, home = _borrowed(tmp_path)
+    _with_mount_point(home)
+    inode = home.stat().st_ino
+    first.jail_gone(frozenset({"x"}))
+    first.end_attempt(keep_scratch=False)
+    assert home.stat().st_ino == inode  # kept, mount point and all
+    assert os.listdir(home) == ["x"]
+    # The names are the attempt's own: a later jail that declares none
+    # gets the folder removed.
+    second = run.item("s", 1)
+    second.begin_attempt(1)
+    assert second.scratch == home
+    second.jail_gone()
+    second.end_attempt()
+    assert not os.path.lexists(home)
+
+
+@pytest.mark.parametrize("change", ["a file in it", "another name", "its mode", "undeclared"])
+def test_a_mount_point_the_jail_could_have_touched_gets_the_scratch_removed(
+    tmp_path: Path, change: str,
+) -> None:  # fmt: skip
+    # bwrap shows the scratch at /tmp, HOME and /dev/shm; the cover hides
+    # the mount point only at /tmp, so through HOME a jail could write into
+    # it or change it: that folder is never lent again.
+    _, idir, home = _borrowed(tmp_path)
+    point = _with_mount_point(home)
+    declared = frozenset({"x"})
+    if change == "a file in it":
+        (point / "note").write_text("the answer")
+    elif change == "another name":
+        _with_mount_point(home, "y")
+    elif change == "its mode":
+        point.chmod(0o777)
+    else:
+        declared = frozenset()
+    idir.jail_gone(declared)
     idir.end_attempt()
     assert not os.path.lexists(home)
 

@@ -91,6 +91,12 @@ class Backend(abc.ABC):
         """
         return "copy"
 
+    def scratch_mount_points(self, policy: Policy) -> frozenset[str]:
+        """Names of the empty folders a jail of ``policy`` leaves in its
+        scratch folder as its own mount points, which the jail itself could
+        neither enter nor change (the scratch may be lent again with them)."""
+        return frozenset()
+
     @abc.abstractmethod
     def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:
         """Start ``policy.argv`` in a jail; stdin is always ``/dev/null``."""

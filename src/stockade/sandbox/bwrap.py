@@ -9,8 +9,9 @@ landlock backend, which cannot remap, shows; tools printing absolute paths
 behave the same under both). Nothing else of the host exists in it: no
 ``/run``, no host ``/tmp``, no host HOME, no neighbour, no ``meta/``.
 
-Nothing writable is in memory: bubblewrap's tmpfs ``/`` and ``/dev`` are
-remounted read-only, and the three writable places are one folder on the
+Nothing writable is in memory: bubblewrap's tmpfs ``/`` and ``/dev`` (and
+the tmpfs that holds ``work/``'s mount points when it lies below ``/tmp``:
+``scratch_covers``) are remounted read-only, and the three writable places are one folder on the
 item's disk scratch (bubblewrap 0.8 cannot size a tmpfs, and an unsized one
 takes up to half the host's RAM whatever ``resources.memory`` says). Where
 a memory cgroup exists, ``resources.memory`` bounds the jail's page cache
@@ -232,6 +233,47 @@ def image_limits(resources: Resources, *, jail_uid: bool) -> list[tuple[int, int
     return out
 
 
+#: Where the item's scratch folder is bound: the jail's TMPDIR, HOME and /dev/shm.
+SCRATCH_POINTS: tuple[str, ...] = (JAIL_TMP, JAIL_HOME, JAIL_SHM)
+
+
+def scratch_covers(policy: Policy) -> list[str]:
+    """Read-only tmpfs mounts for mount points the jail would otherwise get on disk.
+
+    A folder shown at its host path below one of ``SCRATCH_POINTS`` (``work/``
+    of a run kept under ``/tmp``, as a ``mktemp -d`` folder is; a toolchain
+    mounted below ``/tmp``) needs its whole chain of parent folders as mount
+    points, and bubblewrap would create them in the item's scratch on disk:
+    eight ``mkdir`` per item for a run in ``/tmp/x/.stockade``, and as many
+    removals after it. A tmpfs over the chain's first folder holds them in
+    memory instead; it is remounted read-only once the mounts below it exist,
+    so the jail can never store anything there. The scratch keeps one empty
+    folder per cover (``scratch_mount_points``). Pure.
+    """
+    mounted = [m.target for m in policy.mounts]
+    covers: list[str] = []
+    for target in [*mounted, str(policy.work_dir)]:
+        for point in SCRATCH_POINTS:
+            rest = target[len(point) + 1:] if target.startswith(point + "/") else ""
+            if "/" not in rest:
+                continue  # not below the point, or a mount point of its own right there
+            cover = f"{point}/{rest.split('/', 1)[0]}"
+            # A mount at the cover or above it would have the tmpfs under
+            # it (and be remounted read-only): leave that chain as it was.
+            if cover not in covers and not any(
+                cover == m or cover.startswith(m + "/") for m in mounted
+            ):
+                covers.append(cover)
+    return covers
+
+
+def scratch_mount_points(policy: Policy) -> frozenset[str]:
+    """Names of the empty folders a jail of ``policy`` leaves in its scratch
+    folder: the mount points of ``scratch_covers``, which the jail cannot
+    enter (the tmpfs hides them) and which stay for the scratch's next loan."""
+    return frozenset(c.rsplit("/", 1)[1] for c in scratch_covers(policy))
+
+
 def bwrap_argv(
     policy: Policy,
     layout: HostLayout,
@@ -303,8 +345,10 @@ def bwrap_argv(
     else:
         # One folder for all three: a folder more per item is an inode more
         # on disk, and the jail cannot tell them apart anyway.
-        for dest in (JAIL_TMP, JAIL_HOME, JAIL_SHM):
+        for dest in SCRATCH_POINTS:
             argv += bind(str(policy.scratch_dir), dest, True)
+        for cover in scratch_covers(policy):
+            argv += ["--tmpfs", cover]
     for m in policy.mounts:
         argv += bind(str(m.source), m.target, m.writable)
     if policy.network == "proxy":
@@ -319,6 +363,8 @@ def bwrap_argv(
     if not memory_tmp:
         # Last, once every mount point exists: bubblewrap's own tmpfs root
         # and /dev would otherwise take whatever the jail writes into them.
+        for cover in scratch_covers(policy):
+            argv += ["--remount-ro", cover]
         argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     argv += ["--chdir", work, "--seccomp", str(seccomp_fd), "--"]
     if policy.image_root is None:
@@ -650,6 +696,9 @@ class BwrapBackend(Backend):
 
     def input_sharing(self) -> InputSharing:
         return "bind"
+
+    def scratch_mount_points(self, policy: Policy) -> frozenset[str]:
+        return scratch_mount_points(policy)
 
     def _listing(self, folder: str) -> list[tuple[str, int, str]]:
         """A folder of an image, as ``root_plan`` reads it (kept until close:

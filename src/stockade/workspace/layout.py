@@ -114,22 +114,38 @@ class ScratchPool:
             if _removed(path):
                 return path
 
-    def give(self, path: Path, *, keep: bool) -> None:
+    def give(self, path: Path, *, keep: bool, mount_points: frozenset[str] = frozenset()) -> None:
         """Take back what ``take`` lent, once the attempt's jail has ended.
 
-        ``keep``: the jail made no isolation promise, so an empty folder may
-        be lent again as it is; otherwise the folder is removed."""
+        ``keep``: the jail made no isolation promise, or is wholly gone, so
+        an empty folder may be lent again as it is; otherwise the folder is
+        removed. ``mount_points``: names of empty folders the jail's own
+        mounts left in it, which the jail could not enter
+        (``Backend.scratch_mount_points``); the folder counts as empty with
+        them, if each is an empty folder as made."""
         try:
             st = os.lstat(path)
         except FileNotFoundError:
             pass
         else:
             kept = keep and stat.S_ISDIR(st.st_mode) and self._as_made(st) \
-                and not os.listdir(path)
+                and self._empty(path, mount_points)
             if not kept and not _removed(path):
                 return  # retired: what is left there never reaches another attempt
         with self._lock:
             self._free.append(path)
+
+    def _empty(self, path: Path, mount_points: frozenset[str]) -> bool:
+        names = os.listdir(path)
+        if not names:
+            return True
+        if not mount_points.issuperset(names):
+            return False
+        for name in names:
+            st = os.lstat(f"{path}/{name}")
+            if not (stat.S_ISDIR(st.st_mode) and self._as_made(st)) or os.listdir(f"{path}/{name}"):
+                return False
+        return True
 
     def _as_made(self, st: os.stat_result) -> bool:
         """Owner, group and mode as the folder it was made in has them: a jail that
@@ -201,6 +217,7 @@ class ItemDir:
     #: The jail that used the lent scratch folder is known to be wholly gone
     #: (``jail_gone``): the folder may be lent again as it is.
     _quiet: bool = field(default=False, init=False, repr=False)
+    _mount_points: frozenset[str] = field(default=frozenset(), init=False, repr=False)
 
     @property
     def scratch(self) -> Path:
@@ -326,11 +343,13 @@ class ItemDir:
         """Remove a ``.next`` no attempt took (the item never ran)."""
         shutil.rmtree(self.ready, ignore_errors=True)
 
-    def jail_gone(self) -> None:
+    def jail_gone(self, mount_points: frozenset[str] = frozenset()) -> None:
         """The attempt's jail ended and the backend saw every process of it
         gone (``sandbox.jail_left_nothing``): nothing can still
-        write to its scratch folder, so ``end_attempt`` may keep the folder."""
+        write to its scratch folder, so ``end_attempt`` may keep the folder.
+        ``mount_points``: see ``ScratchPool.give``."""
         self._quiet = True
+        self._mount_points = mount_points
 
     def end_attempt(self, *, keep_scratch: bool = False) -> None:
         """Return the attempt's scratch folder (its jail has ended); ``keep_scratch``:
@@ -338,5 +357,6 @@ class ItemDir:
         as it is (``ScratchPool``), as it may after ``jail_gone``."""
         lent, self._lent = self._lent, None
         quiet, self._quiet = self._quiet, False
+        points, self._mount_points = self._mount_points, frozenset()
         if lent is not None and self.pool is not None:
-            self.pool.give(lent, keep=keep_scratch or quiet)
+            self.pool.give(lent, keep=keep_scratch or quiet, mount_points=points)

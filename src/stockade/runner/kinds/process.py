@@ -260,7 +260,7 @@ def run_jail(
                     jail.kill(grace=2.0)
                     code = jail.wait(10)
                 elif jail_left_nothing(jail):
-                    attempt.dirs.jail_gone()
+                    attempt.dirs.jail_gone(backend.scratch_mount_points(policy))
             finally:
                 jails.finished(key)
         for cap in captures:
