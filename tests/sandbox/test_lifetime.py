@@ -275,8 +275,8 @@ def _lent(lt: _lifetime.Lifetime) -> Path:
 
 
 #: Where a jail's cgroup is surely lent. Not bwrap: its pid namespace's init
-#: is often still in the cgroup when bwrap exits, and that cgroup is then
-#: killed, not lent (see the test after the next).
+#: is often still in the cgroup when bwrap exits; cgroup v2 waits for it
+#: (``_cgroup.empties``), v1 only looks once and then kills the cgroup.
 LENDING = pytest.mark.parametrize("backend", ["landlock", "landlock-python", "none",
                                               "none-helper"], indirect=True)
 CGROUPS = pytest.mark.parametrize("lifetime", ["cgroup2", "cgroup1"], indirect=True)
@@ -341,8 +341,8 @@ def test_a_cgroup_the_engine_had_to_kill_is_removed_not_lent(
     # A process that left the jail's session outlives its main process, so
     # the engine kills it through the cgroup: that cgroup goes (a process
     # cloned into a killed cgroup was SIGKILLed at birth on Linux 6.18), and
-    # the next jail runs. (Some bwrap jails end this way: bwrap exits a
-    # moment before its pid namespace's init.)
+    # the next jail runs. (It waits ``_lifetime.SETTLE`` for the cgroup to
+    # empty by itself first: the sleep does not.)
     marker = secrets.token_hex(8)
     folder = _lent(lifetime)
     first = _start(world, "setsid sh -c 'touch started; exec sleep 1000' & "
@@ -399,6 +399,38 @@ def test_only_an_empty_thawed_leaf_cgroup_is_reusable(
         assert not _cgroup.reusable(kind, folder)
         r.kill(0.1)
         await_(lambda: _cgroup.reusable(kind, folder), "the cgroup to empty")
+    finally:
+        launcher.close()
+        group.discard()
+        next(lifetimes, None)
+
+
+def test_a_cgroup_that_empties_by_itself_is_waited_for_not_killed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # What a bwrap jail's cgroup does after bwrap is reaped: its last
+    # process is still there for a moment. ``empties`` waits for that (and
+    # the group is then lent, its scratch kept); a process that stays is
+    # not waited for past ``within``.
+    needs_c_launcher()
+    lifetimes = pinned_lifetime("cgroup2", monkeypatch)
+    lt = next(lifetimes)
+    group = lt.open()
+    folder = group.cgroup
+    assert folder is not None
+    launcher = _direct.LauncherThread()
+    try:
+        assert _cgroup.empties("v2", folder, 0)  # nothing in it
+        with open(tmp_path / "out", "wb") as out:
+            r = launcher.spawn("/bin/sleep", ["sleep", "1000"], {}, [out.fileno()] * 2,
+                               cgroups=list(group.join_fds))
+        assert not _cgroup.empties("v2", folder, 0.05)  # it stays: not waited out
+        ender = threading.Timer(0.2, r.kill, kwargs={"grace": 0.1})
+        ender.start()
+        # It ends by itself (for this test, by another thread) while we wait.
+        assert _cgroup.empties("v2", folder, 60)
+        ender.join()
+        assert not _cgroup.populated("v2", folder)
     finally:
         launcher.close()
         group.discard()

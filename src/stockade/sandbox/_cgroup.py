@@ -28,6 +28,7 @@ without the package).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import select
@@ -310,6 +311,39 @@ def populated(kind: str, folder: str) -> bool:
         except OSError:
             return False
     return any(_procs(d) for d in _subtree(folder))
+
+
+def empties(kind: str, folder: str, within: float) -> bool:
+    """Whether ``folder`` is empty, or empties by itself within ``within`` seconds.
+
+    A jail's cgroup often still lists its last process for a moment after
+    the engine reaped the main one (the kernel tears a pid and mount
+    namespace down after the exit status is out): waiting that moment out
+    spares a kill, and lets the cgroup and the scratch folder be lent again.
+    v1 is only looked at once.
+    """
+    if kind != "v2":
+        return not populated(kind, folder)
+    try:
+        events = os.open(os.path.join(folder, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        if b"populated 1" not in os.pread(events, 4096, 0):
+            return True
+        poller = select.poll()
+        poller.register(events, select.POLLPRI)
+        deadline = time.monotonic() + within
+        # Read through the polled fd, as in _end_v2: poll() reports a change
+        # since this fd's last read.
+        while b"populated 1" in os.pread(events, 4096, 0):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            poller.poll(math.ceil(left * 1000))
+        return True
+    finally:
+        os.close(events)
 
 
 def kill(kind: str, folder: str) -> None:
