@@ -152,6 +152,16 @@ def placed_world(backend: Backend, placement: str, tmp_path: Path,
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _remove_host_canaries() -> Iterator[None]:
+    """Every canary ``make_world`` put in the host's /tmp goes at session end,
+    whichever fixture or test made the world and however it ended (they are
+    named after this process)."""
+    yield
+    for path in Path("/tmp").glob(f"stockade-canary-{os.getpid()}-*"):
+        path.unlink(missing_ok=True)
+
+
 def make_world(backend: Backend, base: Path) -> World:
     canary = f"CANARY-{secrets.token_hex(12)}"
     base.chmod(0o755)
@@ -168,7 +178,7 @@ def make_world(backend: Backend, base: Path) -> World:
     workflow = base / "wf"
     _canary_file(workflow / "analysis_notes.md", canary)
     # Never chmod /tmp itself (it keeps its sticky bit).
-    host_tmp = Path("/tmp") / f"stockade-canary-{secrets.token_hex(6)}"
+    host_tmp = Path("/tmp") / f"stockade-canary-{os.getpid()}-{secrets.token_hex(6)}"
     _canary_file(host_tmp, canary, own_parent=False)
     # The engine's HOME: a world-readable stand-in (the real one may be 0700,
     # which would hide it by permissions rather than by the sandbox).
