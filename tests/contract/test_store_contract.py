@@ -355,6 +355,23 @@ def test_item_spans_light_and_filtered(store: Store) -> None:
     assert [s.item for s in store.item_spans("r1", ended_after=6.0)] == [7]
 
 
+def test_span_bins_count_items_by_step_status_and_slice_of_end(store: Store) -> None:
+    # Ends at i + 0.5 for i in 0..9; slices of 2 s from -1: [-1, 1), [1, 3), ...
+    _fill(store, n=10)
+    store.record_batch([], [(ItemRecord("r1", "t", 8, "skipped", 1, started_at=3.0,
+                                        ended_at=3.0), [])])
+    got = sorted(store.span_bins("r1", -1.0, 2.0))
+    assert got == [
+        ("s", "failed", 0, 1), ("s", "failed", 3, 1),          # items 0 and 5
+        ("s", "succeeded", 1, 2), ("s", "succeeded", 2, 2),    # 1, 2; 3, 4
+        ("s", "succeeded", 3, 1), ("s", "succeeded", 4, 2),    # 6; 7, 8
+        ("s", "succeeded", 5, 1),                              # 9
+        ("t", "skipped", 2, 1),  # skipped after an attempt; t/7 never ran: left out
+    ]
+    assert sum(n for *_, n in got) == 11
+    assert store.span_bins("nope", 0.0, 1.0) == []
+
+
 def test_events_of_runs_and_kinds(store: Store) -> None:
     for rid, kind in [("r1", "a"), ("r2", "a"), ("r1", "b"), ("r3", "a"), ("r1", "c")]:
         store.add_event(Event(rid, 1.0, kind, {"r": rid}))

@@ -17,6 +17,7 @@ from typing import Any
 
 from stockade.store.base import Event, ItemRecord, RunRecord
 from stockade.store.sqlite import SQLiteStore
+from stockade.web.model import SPAN_LIMIT
 from tests.integration.conftest import Project
 from tests.web.conftest import GATED, UIProcess, release, wait_for
 
@@ -343,6 +344,36 @@ def big_run(project: Project, run_id: str, n: int = 10_000) -> None:
         store.add_event(Event(run_id, t0 + 500, "step_finished", {"step": "many", "status": "failed"}))
     finally:
         store.close()
+
+
+def test_a_timeline_too_big_to_draw_item_by_item_comes_as_counts(
+    project: Project, start_ui: Any, page: Any
+) -> None:
+    # Above model.SPAN_LIMIT items the timeline is how many items ended in
+    # each slice of the run's time: a small answer, drawn as bars, hovered.
+    n = SPAN_LIMIT + 5_000
+    project.root.mkdir(parents=True)
+    big_run(project, "big2", n)
+    ui: UIProcess = start_ui()
+    r = ui.get("/api/runs/big2/timeline")
+    assert r.status_code == 200 and len(r.content) < 50_000, len(r.content)
+    tl = r.json()
+    assert tl["spans"]["s"] == [] and sum(tl["bins"]["n"]) == n
+    failed = tl["statuses"].index("failed")
+    assert sum(c for st, c in zip(tl["bins"]["st"], tl["bins"]["n"], strict=True)
+               if st == failed) == n // 1000
+    # The run's 500 s in slices of 1 s; item i ends at 0.05 i + 0.04 s (past
+    # the run's recorded end, as big_run writes 25,000 of them).
+    assert tl["bins"]["w"] == 1000 and max(tl["bins"]["b"]) == (n - 1) // 20
+    assert sorted(set(tl["bins"]["n"])) == [1, 19, 20]  # slices hold 20 items, less a failure
+    page.goto(ui.url + "/runs/big2")
+    page.wait_for_function("() => document.querySelector('#timeline').height > 0", timeout=WAIT_MS)
+    box = page.locator("#timeline").bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 20)
+    page.wait_for_function("() => !document.querySelector('#timeline-tip').hidden", timeout=WAIT_MS)
+    tip = page.inner_text("#timeline-tip")
+    assert tip.startswith("many · ") and " ended: " in tip and "succeeded" in tip, tip
 
 
 def test_paging_a_10000_item_run(project: Project, start_ui: Any, page: Any) -> None:

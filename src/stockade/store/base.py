@@ -405,6 +405,13 @@ class Store(abc.ABC):
         that ended after ``ended_after``, when given."""
 
     @abc.abstractmethod
+    def span_bins(self, run_id: str, origin: float, width: float) -> list[tuple[str, str, int, int]]:
+        """``(step, status, bin, count)``: how many items of each step and status
+        ended in each slice ``[origin + bin * width, origin + (bin + 1) * width)``
+        (items skipped before any attempt left out), for the timeline of a run
+        too big to draw item by item."""
+
+    @abc.abstractmethod
     def events_of(self, run_ids: Sequence[str], kinds: Sequence[str],
                   after_id: int = 0) -> list[Event]:
         """The events of these runs and kinds with ``id > after_id``, oldest first."""

@@ -359,6 +359,12 @@ class PostgresStore(Store):
             f"SELECT {SPAN_COLUMNS} FROM stockade_items WHERE {where} ORDER BY step, item",
             tuple(args)))
 
+    def span_bins(self, run_id: str, origin: float, width: float) -> list[tuple[str, str, int, int]]:
+        return [(r[0], r[1], int(r[2]), int(r[3])) for r in self._rows(
+            "SELECT step, status, CAST(FLOOR((ended_at - %s) / %s) AS INTEGER) AS b, COUNT(*)"
+            " FROM stockade_items WHERE run_id=%s AND (attempt>0 OR status<>'skipped')"
+            " GROUP BY step, status, b", (origin, width, run_id))]
+
     # -- events ------------------------------------------------------------
 
     def events_of(self, run_ids: Sequence[str], kinds: Sequence[str],

@@ -489,6 +489,12 @@ class SQLiteStore(Store):
         return spans_from_rows(self._rows(
             f"SELECT {SPAN_COLUMNS} FROM items WHERE {where} ORDER BY step, item", tuple(args)))
 
+    def span_bins(self, run_id: str, origin: float, width: float) -> list[tuple[str, str, int, int]]:
+        return [(r[0], r[1], int(r[2]), int(r[3])) for r in self._rows(
+            "SELECT step, status, CAST((ended_at - ?) / ? AS INTEGER) AS b, COUNT(*) FROM items "
+            "WHERE run_id=? AND (attempt>0 OR status!='skipped') GROUP BY step, status, b",
+            (origin, width, run_id))]
+
     # -- events ------------------------------------------------------------
 
     def events_of(self, run_ids: Sequence[str], kinds: Sequence[str],

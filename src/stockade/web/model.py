@@ -13,6 +13,7 @@ Must not import the engine, the sandbox or the CLI.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -377,11 +378,39 @@ def pack(rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
             "b": list(cols[4]), "k": keys if any(k is not None for k in keys) else []}
 
 
+#: Above this many items a run's timeline comes as counts per slice of time
+#: (``span_bins``), not item by item: 100,000 spans were 3 MiB and 0.7 s to
+#: send, for a canvas a few hundred pixels wide.
+SPAN_LIMIT = 20_000
+#: Slices of the run's time in such a timeline.
+BINS = 500
+
+
 def timeline(store: Store, record: RunRecord, steps: Sequence[StepView]) -> dict[str, Any]:
-    """Every recorded item's span and the items running now, for the run's timeline."""
-    return {"t0": record.started_at, "steps": [s.id for s in steps], "statuses": list(STATUSES),
-            "spans": pack(span_rows(store, record, steps)),
-            "running": running_spans(store, record, steps)}
+    """Every recorded item's span (or, for a big run, how many items ended in
+    each slice of time) and the items running now, for the run's timeline."""
+    out = {"t0": record.started_at, "steps": [s.id for s in steps], "statuses": list(STATUSES),
+           "running": running_spans(store, record, steps)}
+    if sum(s.total or 0 for s in steps) <= SPAN_LIMIT:
+        return {**out, "spans": pack(span_rows(store, record, steps))}
+    return {**out, "spans": pack([]), "bins": span_bins(store, record, steps)}
+
+
+def span_bins(store: Store, record: RunRecord, steps: Sequence[StepView]) -> dict[str, Any]:
+    """``{w: slice ms, s: step index, st: status code, b: slice, n: items}``, columns
+    as ``pack`` makes them: the items of each step and status that ended in each slice."""
+    t0 = record.started_at
+    end = record.ended_at if record.ended_at is not None else time.time()
+    # Whole milliseconds, so the page bins the spans the stream sends exactly alike.
+    width_ms = max(1, math.ceil((end - t0) * 1000 / BINS))
+    width = width_ms / 1000
+    index = {s.id: n for n, s in enumerate(steps)}
+    code = {s: n for n, s in enumerate(STATUSES)}
+    rows = [(index[step], code.get(status, 0), max(b, 0), n)
+            for step, status, b, n in store.span_bins(record.run_id, t0, width) if step in index]
+    cols = list(zip(*rows, strict=True)) if rows else [(), (), (), ()]
+    return {"w": width_ms, "s": list(cols[0]), "st": list(cols[1]),
+            "b": list(cols[2]), "n": list(cols[3])}
 
 
 def running_spans(store: Store, record: RunRecord, steps: Sequence[StepView]) -> list[list[Any]]:

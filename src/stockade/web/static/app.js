@@ -333,6 +333,12 @@
     this.t0 = d.t0;
     this.steps = d.steps;
     this.statuses = d.statuses;
+    if (d.bins) {
+      // A big run: how many items of each step ended in each slice of time.
+      this.binW = d.bins.w / 1000;
+      this.bins = this.steps.map(() => new Map());
+      for (let n = 0; n < d.bins.s.length; n++) this.count(d.bins.s[n], d.bins.b[n], d.bins.st[n], d.bins.n[n]);
+    }
     d.spans = rowsOf(d.spans);
     d.running = (d.running || []).map((r) => [r[0], r[1], r[2] / 1000]);
     const seen = new Set();
@@ -346,7 +352,20 @@
     this.running = d.running || [];
     this.draw();
   };
+  Timeline.prototype.count = function (step, bin, st, n) {
+    const row = this.bins[step];
+    if (!row) return;
+    let c = row.get(bin);
+    if (!c) { c = new Array(this.statuses.length).fill(0); row.set(bin, c); }
+    c[st] += n;
+  };
   Timeline.prototype.add = function (spans) {
+    if (this.bins) {
+      // Counted by the server: fetched again, at most every few seconds,
+      // rather than told apart from what the first fetch counted.
+      this.stale = true;
+      return;
+    }
     // The stream may repeat spans the first fetch had (its window overlaps).
     const seen = this.seen || (this.seen = new Set(this.spans.map((s) => s[0] + ":" + s[1] + ":" + s[3])));
     for (const s of spans) {
@@ -364,6 +383,7 @@
     requestAnimationFrame(() => { this.pending = false; this.draw(); });
   };
   Timeline.prototype.draw = function () {
+    if (this.bins) return this.drawBins();
     const c = this.canvas;
     const dpr = window.devicePixelRatio || 1;
     const width = c.clientWidth || 800;
@@ -441,6 +461,70 @@
       ctx.fillText("no item has run yet", gutter, 12);
     }
   };
+  // A big run: per step, a bar per slice of time, as tall as the items that
+  // ended in it (against the step's busiest slice), coloured by status.
+  Timeline.prototype.drawBins = function () {
+    const c = this.canvas;
+    const dpr = window.devicePixelRatio || 1;
+    const width = c.clientWidth || 800;
+    const gutter = 130;
+    const rowH = 32;
+    const now = Date.now() / 1000 - this.t0;
+    let tmax = 0.001;
+    for (const row of this.bins) for (const b of row.keys()) tmax = Math.max(tmax, (b + 1) * this.binW);
+    if (this.running.length) tmax = Math.max(tmax, now);
+    const height = 4 + this.steps.length * (rowH + 9) + 18;
+    if (c.height !== Math.round(height * dpr) || c.width !== Math.round(width * dpr)) {
+      c.width = Math.round(width * dpr);
+      c.height = Math.round(height * dpr);
+      c.style.height = height + "px";
+    }
+    const ctx = c.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, width, height);
+    const x = (t) => gutter + (width - gutter - 8) * (t / tmax);
+    ctx.font = "12px ui-monospace, monospace";
+    ctx.textBaseline = "middle";
+    this.hits = [];
+    this.bins.forEach((row, i) => {
+      const top = 4 + i * (rowH + 9);
+      ctx.fillStyle = i % 2 ? "#ffffff" : "#f6f8fa";
+      ctx.fillRect(0, top - 3, width, rowH + 7);
+      ctx.fillStyle = "#1f2328";
+      const label = this.steps[i].length > 16 ? this.steps[i].slice(0, 15) + "…" : this.steps[i];
+      ctx.fillText(label, 6, top + rowH / 2);
+      let most = 1;
+      for (const counts of row.values()) most = Math.max(most, counts.reduce((a, b) => a + b, 0));
+      for (const [b, counts] of row) {
+        const x0 = x(b * this.binW);
+        const w = Math.max(1, x((b + 1) * this.binW) - x0);
+        let y = top + rowH;
+        counts.forEach((n, st) => {
+          if (!n) return;
+          const h = Math.max(1, rowH * n / most);
+          y -= h;
+          ctx.fillStyle = TL_COLORS[this.statuses[st]] || "#8c959f";
+          ctx.fillRect(x0, y, w, h);
+        });
+        this.hits.push({ x0, x1: x0 + Math.max(w, 2), y0: top, y1: top + rowH, bin: { step: i, b, counts } });
+      }
+      const running = this.running.filter((r) => r[0] === i);
+      if (running.length) {
+        ctx.fillStyle = TL_COLORS.running;
+        for (const r of running) ctx.fillRect(x(r[2]), top - 2, Math.max(1, x(now) - x(r[2])), 2);
+      }
+    });
+    ctx.fillStyle = "#656d76";
+    ctx.font = "11px system-ui, sans-serif";
+    for (let k = 0; k <= 4; k++) {
+      const t = tmax * k / 4;
+      const xx = x(t);
+      ctx.fillRect(xx, height - 16, 1, 4);
+      ctx.textAlign = k === 0 ? "left" : (k === 4 ? "right" : "center");
+      ctx.fillText(dur(t), xx, height - 6);
+    }
+    ctx.textAlign = "left";
+  };
   Timeline.prototype.hit = function (e) {
     const r = this.canvas.getBoundingClientRect();
     const px = e.clientX - r.left;
@@ -448,6 +532,10 @@
     for (let i = this.hits.length - 1; i >= 0; i--) {
       const h = this.hits[i];
       if (px >= h.x0 - 1 && px <= h.x1 + 1 && py >= h.y0 - 1 && py <= h.y1 + 1) {
+        if (h.bin) {
+          const step = this.steps[h.bin.step];
+          return { bin: h.bin, step, url: this.runUrl + "/" + encodeURIComponent(step) };
+        }
         const step = this.steps[h.s.step];
         const key = h.s.key !== undefined && h.s.key !== null ? h.s.key : String(h.s.item);
         return { s: h.s, step, key, url: this.runUrl + "/" + encodeURIComponent(step) + "/" + encodeURIComponent(key) };
@@ -459,7 +547,16 @@
     const h = this.hit(e);
     if (!h) { this.tip.hidden = true; this.canvas.style.cursor = ""; return; }
     this.canvas.style.cursor = "pointer";
-    this.tip.textContent = h.step + "/" + h.key + " · " + h.s.st + " · " + dur(h.s.b - h.s.a);
+    if (h.bin) {
+      const parts = [];
+      let all = 0;
+      h.bin.counts.forEach((n, st) => { if (n) { all += n; parts.push(n + " " + this.statuses[st]); } });
+      const a = h.bin.b * this.binW;
+      this.tip.textContent = h.step + " · " + dur(a) + "–" + dur(a + this.binW) + " · " + all +
+        " ended: " + parts.join(", ");
+    } else {
+      this.tip.textContent = h.step + "/" + h.key + " · " + h.s.st + " · " + dur(h.s.b - h.s.a);
+    }
     const r = this.canvas.getBoundingClientRect();
     this.tip.style.left = Math.min(e.clientX - r.left + 12, r.width - 200) + "px";
     this.tip.style.top = (e.clientY - r.top + 12) + "px";
@@ -550,8 +647,10 @@
     for (const s of DATA.steps) for (const n of s.needs) edges.push({ from: n, to: s.id });
     let nodes = drawGraph($("#dag"), graphNodes(), edges, "LR");
     const tl = new Timeline($("#timeline"), $("#timeline-tip"), runUrl);
-    fetch("/api/runs/" + encodeURIComponent(DATA.run_id) + "/timeline")
+    const fetchTimeline = () => fetch("/api/runs/" + encodeURIComponent(DATA.run_id) + "/timeline")
       .then((r) => r.json()).then((d) => tl.load(d)).catch(() => {});
+    fetchTimeline();
+    setInterval(() => { if (tl.stale) { tl.stale = false; fetchTimeline(); } }, 5000);
     window.addEventListener("resize", () => tl.schedule());
     setInterval(() => { if (tl.running.length) tl.schedule(); }, 1000);
     live(document.body.dataset.live, (p) => {
