@@ -11,9 +11,10 @@ behave the same under both). Nothing else of the host exists in it: no
 
 Nothing writable is in memory: bubblewrap's tmpfs ``/`` and ``/dev`` (and
 the tmpfs that holds ``work/``'s mount points when it lies below ``/tmp``:
-``scratch_covers``) are remounted read-only, and the three writable places are one folder on the
-item's disk scratch (bubblewrap 0.8 cannot size a tmpfs, and an unsized one
-takes up to half the host's RAM whatever ``resources.memory`` says). Where
+``scratch_covers``) are remounted read-only, and the three writable places
+are one folder on the item's disk scratch (bubblewrap 0.8 cannot size a
+tmpfs, and an unsized one takes up to half the host's RAM whatever
+``resources.memory`` says). Where
 a memory cgroup exists, ``resources.memory`` bounds the jail's page cache
 and shared memory as well (``_lifetime``).
 
