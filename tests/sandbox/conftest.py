@@ -253,7 +253,12 @@ def jail_ids(backend: Backend) -> _uids.JailIds:
 
 @pytest.fixture
 def world(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
-    base = Path(tempfile.mkdtemp(prefix="stockade-escape-"))
+    yield from world_at(backend, Path(tempfile.mkdtemp(prefix="stockade-escape-")), monkeypatch)
+
+
+def world_at(backend: Backend, base: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    """A world in ``base`` (removed afterwards); a root engine's jails run as a
+    leased uid of their own, as the engine's would."""
     w = make_world(backend, base)
     monkeypatch.setenv("HOME", str(w.home_file.parent))
     # The none backend has no jail uid: its jails run as the engine.

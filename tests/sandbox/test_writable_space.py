@@ -13,16 +13,15 @@ from __future__ import annotations
 import functools
 import os
 import secrets
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from stockade.sandbox import Resources, _lifetime, _uids, bwrap
+from stockade.sandbox import Resources, _lifetime, bwrap
 from stockade.sandbox.bwrap import BwrapBackend
-from tests.sandbox.conftest import World, available_backend, jail_ids, make_world
+from tests.sandbox.conftest import World, available_backend, world_at
 from tests.sandbox.lifetime_helpers import pinned_lifetime
 
 pytestmark = pytest.mark.sandbox
@@ -115,19 +114,7 @@ def world_in_tmp(backend: BwrapBackend, monkeypatch: pytest.MonkeyPatch) -> Iter
     """A world whose work/ lies below the host's /tmp, as a run in a ``mktemp -d``
     folder has it (whatever ``TMPDIR`` says)."""
     base = Path(tempfile.mkdtemp(prefix="stockade-cover-", dir="/tmp"))
-    w = make_world(backend, base)
-    lease = _uids.jail_uids().acquire() if os.geteuid() == 0 else None
-    if lease is not None:
-        monkeypatch.setattr(jail_ids(backend), "pinned", (lease.uid, lease.gid))
-        w.jail_uid = lease.uid
-    try:
-        yield w
-    finally:
-        if lease is not None:
-            lease.release()
-        for p in (w.host_tmp, w.home_file):
-            p.unlink(missing_ok=True)
-        shutil.rmtree(base, ignore_errors=True)
+    yield from world_at(backend, base, monkeypatch)
 
 
 #: Tries to store a file at each place of work/'s chain of mount points, and

@@ -384,9 +384,7 @@
   };
   Timeline.prototype.draw = function () {
     if (this.bins) return this.drawBins();
-    const c = this.canvas;
-    const dpr = window.devicePixelRatio || 1;
-    const width = c.clientWidth || 800;
+    const width = this.canvas.clientWidth || 800;
     const gutter = 130;
     const laneH = 7;
     const maxLanes = 12;
@@ -416,14 +414,7 @@
     let y = 4;
     const tops = rows.map((r) => { const top = y; y += Math.max(1, r.lanes.length) * (laneH + 1) + 9; return top; });
     const height = y + 18;
-    if (c.height !== Math.round(height * dpr) || c.width !== Math.round(width * dpr)) {
-      c.width = Math.round(width * dpr);
-      c.height = Math.round(height * dpr);
-      c.style.height = height + "px";
-    }
-    const ctx = c.getContext("2d");
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.clearRect(0, 0, width, height);
+    const ctx = this.canvasOf(width, height);
     const x = (t) => gutter + (width - gutter - 8) * (t / tmax);
     ctx.font = "12px ui-monospace, monospace";
     ctx.textBaseline = "middle";
@@ -446,6 +437,28 @@
       }
     });
     // The time axis.
+    this.axis(ctx, x, tmax, height);
+    if (!all.length) {
+      ctx.fillStyle = "#656d76";
+      ctx.fillText("no item has run yet", gutter, 12);
+    }
+  };
+  // The canvas at ``width`` x ``height`` CSS pixels, cleared, scaled for the screen.
+  Timeline.prototype.canvasOf = function (width, height) {
+    const c = this.canvas;
+    const dpr = window.devicePixelRatio || 1;
+    if (c.height !== Math.round(height * dpr) || c.width !== Math.round(width * dpr)) {
+      c.width = Math.round(width * dpr);
+      c.height = Math.round(height * dpr);
+      c.style.height = height + "px";
+    }
+    const ctx = c.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, width, height);
+    return ctx;
+  };
+  // The time axis along the bottom.
+  Timeline.prototype.axis = function (ctx, x, tmax, height) {
     ctx.fillStyle = "#656d76";
     ctx.font = "11px system-ui, sans-serif";
     for (let k = 0; k <= 4; k++) {
@@ -456,17 +469,11 @@
       ctx.fillText(dur(t), xx, height - 6);
     }
     ctx.textAlign = "left";
-    if (!all.length) {
-      ctx.fillStyle = "#656d76";
-      ctx.fillText("no item has run yet", gutter, 12);
-    }
   };
   // A big run: per step, a bar per slice of time, as tall as the items that
   // ended in it (against the step's busiest slice), coloured by status.
   Timeline.prototype.drawBins = function () {
-    const c = this.canvas;
-    const dpr = window.devicePixelRatio || 1;
-    const width = c.clientWidth || 800;
+    const width = this.canvas.clientWidth || 800;
     const gutter = 130;
     const rowH = 32;
     const now = Date.now() / 1000 - this.t0;
@@ -474,14 +481,7 @@
     for (const row of this.bins) for (const b of row.keys()) tmax = Math.max(tmax, (b + 1) * this.binW);
     if (this.running.length) tmax = Math.max(tmax, now);
     const height = 4 + this.steps.length * (rowH + 9) + 18;
-    if (c.height !== Math.round(height * dpr) || c.width !== Math.round(width * dpr)) {
-      c.width = Math.round(width * dpr);
-      c.height = Math.round(height * dpr);
-      c.style.height = height + "px";
-    }
-    const ctx = c.getContext("2d");
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.clearRect(0, 0, width, height);
+    const ctx = this.canvasOf(width, height);
     const x = (t) => gutter + (width - gutter - 8) * (t / tmax);
     ctx.font = "12px ui-monospace, monospace";
     ctx.textBaseline = "middle";
@@ -514,16 +514,7 @@
         for (const r of running) ctx.fillRect(x(r[2]), top - 2, Math.max(1, x(now) - x(r[2])), 2);
       }
     });
-    ctx.fillStyle = "#656d76";
-    ctx.font = "11px system-ui, sans-serif";
-    for (let k = 0; k <= 4; k++) {
-      const t = tmax * k / 4;
-      const xx = x(t);
-      ctx.fillRect(xx, height - 16, 1, 4);
-      ctx.textAlign = k === 0 ? "left" : (k === 4 ? "right" : "center");
-      ctx.fillText(dur(t), xx, height - 6);
-    }
-    ctx.textAlign = "left";
+    this.axis(ctx, x, tmax, height);
   };
   Timeline.prototype.hit = function (e) {
     const r = this.canvas.getBoundingClientRect();
