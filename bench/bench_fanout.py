@@ -13,12 +13,12 @@ Compares, in the same run on the same machine:
 
 Usage: ``python bench/bench_fanout.py [--items 1000] [--big 10000] [--sandbox none] [--rounds 3]``
 
-Both sides create their item trees under ``$TMPDIR``. An item costs the
-engine about eleven new inodes (work/, out/, meta/attempts/<n>/, stdout,
-stderr, provenance, completion) against three for the anchor, so the ratio
-depends on the filesystem: on an ext4 that has just deleted many files the
-kernel's inode allocator dominates (seen with ``perf``); compare with
-``TMPDIR=/dev/shm`` or a freshly made filesystem.
+Both sides create their item trees under ``$TMPDIR``. A silent item costs
+the engine four new folders (the item, ``meta/``, ``work/``, ``out/``)
+against two for the anchor (the item and ``work/out``), and the ratio
+depends on the filesystem: on an ext4 without a journal that has just
+deleted many files the kernel's inode allocator dominates (seen with
+``perf``); compare with ``TMPDIR=/dev/shm`` or a freshly made filesystem.
 """
 
 from __future__ import annotations

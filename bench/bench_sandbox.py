@@ -19,9 +19,11 @@ same anchors, and for landlock also against raw bwrap (the issue's anchor).
 There the anchors' item folders (item/, work/, out/, scratch/) are created
 inside the timing, as the engine's are. Each round times one anchor run and
 one engine run back to back; the ratio printed is the median of the rounds'
-ratios, with their range. Both sides write under ``$TMPDIR``: on a disk that
-has deleted many files, every new inode is slow and the engine makes ten per
-item against the anchor's four (compare with ``TMPDIR=/dev/shm``).
+ratios, with their range. Both sides write under ``$TMPDIR`` and make four
+folders per item (the engine: the item, ``meta/``, ``work/``, ``out/``; the
+anchor: the item, ``work/``, ``out/``, scratch): on an ext4 without a journal
+that has just deleted many files, every new inode is slow for a minute or so
+(compare with ``TMPDIR=/dev/shm``).
 """
 
 from __future__ import annotations
