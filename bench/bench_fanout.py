@@ -15,7 +15,7 @@ Usage: ``python bench/bench_fanout.py [--items 1000] [--big 10000] [--sandbox no
 
 Both sides create their item trees under ``$TMPDIR``. A silent item costs
 the engine four new folders (the item, ``meta/``, ``work/``, ``out/``)
-against two for the anchor (the item and ``work/out``), and the ratio
+against three for the anchor (the item, ``work/``, ``out/``), and the ratio
 depends on the filesystem: on an ext4 without a journal that has just
 deleted many files the kernel's inode allocator dominates (seen with
 ``perf``); compare with ``TMPDIR=/dev/shm`` or a freshly made filesystem.
