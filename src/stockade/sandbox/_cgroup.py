@@ -324,26 +324,7 @@ def empties(kind: str, folder: str, within: float) -> bool:
     """
     if kind != "v2":
         return not populated(kind, folder)
-    try:
-        events = os.open(os.path.join(folder, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return True
-    try:
-        if b"populated 1" not in os.pread(events, 4096, 0):
-            return True
-        poller = select.poll()
-        poller.register(events, select.POLLPRI)
-        deadline = time.monotonic() + within
-        # Read through the polled fd, as in _end_v2: poll() reports a change
-        # since this fd's last read.
-        while b"populated 1" in os.pread(events, 4096, 0):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            poller.poll(math.ceil(left * 1000))
-        return True
-    finally:
-        os.close(events)
+    return _wait_empty_v2(folder, within, kill=False)
 
 
 def kill(kind: str, folder: str) -> None:
@@ -392,6 +373,12 @@ def end(kind: str, folder: str, timeout: float = 10.0) -> bool:
 
 
 def _end_v2(folder: str, timeout: float) -> bool:
+    return _wait_empty_v2(folder, timeout, kill=True)
+
+
+def _wait_empty_v2(folder: str, timeout: float, *, kill: bool) -> bool:
+    """Whether ``folder`` is empty within ``timeout`` (``cgroup.kill`` first if
+    ``kill`` and anything is in it), waiting on ``cgroup.events``."""
     try:
         events = os.open(os.path.join(folder, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -404,7 +391,8 @@ def _end_v2(folder: str, timeout: float) -> bool:
 
         if not is_populated():
             return True
-        _write(os.path.join(folder, "cgroup.kill"), "1")
+        if kill:
+            _write(os.path.join(folder, "cgroup.kill"), "1")
         poller = select.poll()
         poller.register(events, select.POLLPRI)
         deadline = time.monotonic() + timeout
@@ -413,7 +401,7 @@ def _end_v2(folder: str, timeout: float) -> bool:
             if left <= 0:
                 return False
             # The slice bounds a missed notification.
-            poller.poll(min(left, 0.05) * 1000)
+            poller.poll(math.ceil(min(left, 0.05) * 1000))
         return True
     finally:
         os.close(events)
