@@ -214,10 +214,10 @@ class ItemDir:
     #: that never runs a jail).
     pool: ScratchPool | None = field(default=None, repr=False)
     _lent: Path | None = field(default=None, init=False, repr=False)
-    #: The jail that used the lent scratch folder is known to be wholly gone
-    #: (``jail_gone``): the folder may be lent again as it is.
-    _quiet: bool = field(default=False, init=False, repr=False)
-    _mount_points: frozenset[str] = field(default=frozenset(), init=False, repr=False)
+    #: Set once the jail that used the lent scratch folder was seen wholly
+    #: gone (``jail_gone``), to the names of its own mount points left in
+    #: it: the folder may be lent again as it is.
+    _gone: frozenset[str] | None = field(default=None, init=False, repr=False)
 
     @property
     def scratch(self) -> Path:
@@ -348,15 +348,14 @@ class ItemDir:
         gone (``sandbox.jail_left_nothing``): nothing can still
         write to its scratch folder, so ``end_attempt`` may keep the folder.
         ``mount_points``: see ``ScratchPool.give``."""
-        self._quiet = True
-        self._mount_points = mount_points
+        self._gone = mount_points
 
     def end_attempt(self, *, keep_scratch: bool = False) -> None:
         """Return the attempt's scratch folder (its jail has ended); ``keep_scratch``:
         the jail was not an enforced sandbox, so an empty folder may be lent again
         as it is (``ScratchPool``), as it may after ``jail_gone``."""
         lent, self._lent = self._lent, None
-        quiet, self._quiet = self._quiet, False
-        points, self._mount_points = self._mount_points, frozenset()
+        gone, self._gone = self._gone, None
         if lent is not None and self.pool is not None:
-            self.pool.give(lent, keep=keep_scratch or quiet, mount_points=points)
+            self.pool.give(lent, keep=keep_scratch or gone is not None,
+                           mount_points=gone or frozenset())
