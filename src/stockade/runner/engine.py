@@ -40,7 +40,7 @@ from stockade.runner.attempt import (
 )
 from stockade.runner.executor import Executor
 from stockade.runner.keys import check_key, item_keys
-from stockade.runner.kinds import is_inline, kind_of
+from stockade.runner.kinds import is_inline, kind_of, makes_attempt_folders
 from stockade.runner.kinds.process import (
     network_mode,
     resources_of,
@@ -85,9 +85,6 @@ from stockade.store.base import (
 from stockade.store.base import Event as StoreEvent
 from stockade.workspace.artifacts import to_json_value
 from stockade.workspace.layout import ItemDir, RunDir
-
-#: Step kinds whose items begin with an attempt folder (``ItemDir.begin_attempt``).
-PREFETCHED_KINDS = ("run", "agent")
 
 #: Bookkeeping of finished items is written in batches of this many, or this often.
 #: The time bound keeps the store (show, the UI, resume) at most a quarter second
@@ -342,7 +339,7 @@ class Engine:
         if step_reuses(step, self.reuse):
             self._find_reusable(sr, done)
         # Not on resume: an item there may have attempts on disk already.
-        if self.prefetch is not None and step.kind in PREFETCHED_KINDS and not self.resume:
+        if self.prefetch is not None and makes_attempt_folders(step) and not self.resume:
             self.prefetch.add(sid, (it.index for it in sr.items if it.index not in done
                                     and not (it.reuse is not None and it.reuse.candidates)))
         return Expanded(sid, len(sr.items), now, frozenset(done))

@@ -68,4 +68,11 @@ def is_inline(step: Step) -> bool:
     return step.kind == "keep"
 
 
-__all__ = ["StepKind", "is_inline", "kind_of"]
+def makes_attempt_folders(step: Step) -> bool:
+    """Whether an attempt of ``step`` begins by making the item's folders
+    (``ItemDir.begin_attempt``, through ``process.in_jail``): those the engine
+    may make ahead of the item's turn (``runner.prefetch``)."""
+    return step.kind in ("run", "agent")
+
+
+__all__ = ["StepKind", "is_inline", "kind_of", "makes_attempt_folders"]
