@@ -298,6 +298,7 @@ def bwrap_argv(
     """
     remap = sources or {}
     work = str(policy.work_dir)
+    covers = [] if memory_tmp else scratch_covers(policy)
 
     def bind(src: str, dest: str, writable: bool) -> list[str]:
         return ["--bind" if writable else "--ro-bind", remap.get(src, src), dest]
@@ -348,7 +349,7 @@ def bwrap_argv(
         # on disk, and the jail cannot tell them apart anyway.
         for dest in SCRATCH_POINTS:
             argv += bind(str(policy.scratch_dir), dest, True)
-        for cover in scratch_covers(policy):
+        for cover in covers:
             argv += ["--tmpfs", cover]
     for m in policy.mounts:
         argv += bind(str(m.source), m.target, m.writable)
@@ -364,7 +365,7 @@ def bwrap_argv(
     if not memory_tmp:
         # Last, once every mount point exists: bubblewrap's own tmpfs root
         # and /dev would otherwise take whatever the jail writes into them.
-        for cover in scratch_covers(policy):
+        for cover in covers:
             argv += ["--remount-ro", cover]
         argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     argv += ["--chdir", work, "--seccomp", str(seccomp_fd), "--"]
