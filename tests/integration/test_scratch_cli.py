@@ -11,10 +11,11 @@ attempt. Without a sandbox, an empty folder is lent again as it is.
 from __future__ import annotations
 
 import json
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import pytest
 
+from stockade.sandbox.bwrap import SCRATCH_POINTS
 from tests.integration.conftest import Project
 from tests.sandbox.lifetime_helpers import ALL_BACKENDS, LAUNCHER_ENV, sandbox_of
 
@@ -47,6 +48,16 @@ steps:
 """
 
 
+def _mount_point_names(root: Path) -> set[str]:
+    """What a bwrap jail sees in its HOME beside its own files: bwrap binds
+    work/ at its host path, so where that path lies below a place the scratch
+    folder is shown at, the path's first folder there is a mount point (a
+    read-only tmpfs at /tmp, an empty folder through HOME)."""
+    path = str(root)
+    return {PurePosixPath(path).relative_to(top).parts[0]
+            for top in SCRATCH_POINTS if path.startswith(top + "/")}
+
+
 def _available(sandbox: str) -> None:
     from stockade.sandbox import get_backend
 
@@ -67,12 +78,7 @@ def test_every_attempt_starts_in_an_empty_scratch_folder(tmp_path_factory: pytes
     manifest = json.loads((project.root / "runs" / "s1" / "manifest.json").read_text())
     enforced = manifest["sandbox"]["enforced"]
     assert enforced is (sandbox_of(name) != "none")
-    # bwrap binds work/ at its own path, so where that path lies under a folder
-    # the scratch folder is shown at, it makes the path's first folder there
-    # first: the only entry allowed.
-    shown_at = ("/tmp", "/home/stockade", "/dev/shm")
-    skeleton = {PurePosixPath(str(project.root)).relative_to(top).parts[0]
-                for top in shown_at if str(project.root).startswith(top + "/")}
+    skeleton = _mount_point_names(project.root)
     modes = set()
     for step, n in (("dirty", 4), ("clean", 2)):
         for i in range(n):
@@ -141,9 +147,7 @@ def test_an_enforced_jail_that_left_nothing_running_keeps_its_scratch_folder(
     wanted = ("cgroup2",) if sandbox == "bwrap" else ("cgroup2", "cgroup1")
     if manifest["sandbox"]["lifetime"]["mechanism"] not in wanted:
         pytest.fail(f"this test needs a cgroup to see a jail gone: {manifest['sandbox']}")
-    shown_at = ("/tmp", "/home/stockade", "/dev/shm")
-    skeleton = {PurePosixPath(str(project.root)).relative_to(top).parts[0]
-                for top in shown_at if str(project.root).startswith(top + "/")}
+    skeleton = _mount_point_names(project.root)
 
     def out(step: str, i: int, name: str) -> str:
         text = (project.item("l1", step, i) / "work" / "out" / name).read_text()
