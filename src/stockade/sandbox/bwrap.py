@@ -245,7 +245,7 @@ def scratch_covers(policy: Policy) -> list[str]:
     of a run kept under ``/tmp``, as a ``mktemp -d`` folder is; a toolchain
     mounted below ``/tmp``) needs its whole chain of parent folders as mount
     points, and bubblewrap would create them in the item's scratch on disk:
-    eight ``mkdir`` per item for a run in ``/tmp/x/.stockade``, and as many
+    seven ``mkdir`` per item for a run in ``/tmp/x/.stockade``, and as many
     removals after it. A tmpfs over the chain's first folder holds them in
     memory instead; it is remounted read-only once the mounts below it exist,
     so the jail can never store anything there. The scratch keeps one empty
