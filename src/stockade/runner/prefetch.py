@@ -3,9 +3,8 @@
 An attempt's folders (the item's, ``meta/``, ``work/`` and ``work/out/``) are
 new inodes; on an aged ext4 disk, finding a free inode is a large part of an
 item's time on its job slot (13% of a bwrap item thread's wall time, by
-profile). Jails mostly wait on the kernel, so the CPUs are idle much of a
-run: made here, a few items ahead of the scheduler, the folders cost the slot
-one rename (``ItemDir.premake``, ``ItemDir.begin_attempt``).
+profile). Made here, a few items ahead of the scheduler, while the item
+threads wait for their jails, the folders cost the slot one rename (``ItemDir.premake``, ``ItemDir.begin_attempt``).
 
 The engine queues a step's items in the order they will start (``add``),
 claims each as it starts it (``claim``: never made while its attempt begins),
