@@ -15,9 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from stockade.store.base import Event, ItemRecord, RunRecord
 from stockade.store.sqlite import SQLiteStore
-from stockade.web.model import SPAN_LIMIT
+from stockade.web.live import RunTicker
+from stockade.web.model import SPAN_LIMIT, Folds, Reuse
 from tests.integration.conftest import Project
 from tests.web.conftest import GATED, UIProcess, release, wait_for
 
@@ -374,6 +377,28 @@ def test_a_timeline_too_big_to_draw_item_by_item_comes_as_counts(
     page.wait_for_function("() => !document.querySelector('#timeline-tip').hidden", timeout=WAIT_MS)
     tip = page.inner_text("#timeline-tip")
     assert tip.startswith("many · ") and " ended: " in tip and "succeeded" in tip, tip
+
+
+@pytest.mark.parametrize(("n", "binned"), [(100, False), (SPAN_LIMIT + 1, True)])
+def test_the_run_stream_sends_spans_or_says_the_counts_are_stale(
+    project: Project, n: int, binned: bool
+) -> None:
+    # A big run's page counts nothing itself (it fetches the counts again),
+    # so the stream neither reads nor remembers its spans.
+    project.root.mkdir(parents=True)
+    big_run(project, "r", n)
+    store = SQLiteStore(project.root / "stockade.db")
+    try:
+        ticker = RunTicker(store, Folds(store), Reuse(store), "r")
+        first = ticker.tick()
+    finally:
+        store.close()
+    assert first is not None
+    if binned:
+        assert first.get("timeline_stale") is True and "spans" not in first
+        assert not ticker.spans_seen
+    else:
+        assert "timeline_stale" not in first and len(first["spans"]["s"]) == n
 
 
 def test_paging_a_10000_item_run(project: Project, start_ui: Any, page: Any) -> None:

@@ -25,6 +25,7 @@ from stockade.web.model import (
     Folds,
     Reuse,
     RunRows,
+    binned,
     pack,
     running_spans,
     span_rows,
@@ -114,7 +115,6 @@ class RunTicker:
     final: FinalCache | None = None
     last: dict[str, Any] = field(default_factory=dict)
     failures_seen: set[str] = field(default_factory=set)
-    spans_after: float | None = None
     spans_seen: set[tuple[int, int, int]] = field(default_factory=set)
     reuse_done: bool = False
     _running: list[Any] = field(default_factory=list)
@@ -159,12 +159,16 @@ class RunTicker:
             if new:
                 self.failures_seen |= {f["url"] for f in new}
                 out["failures"] = new
-            # Spans that ended lately: records land a little after their items
-            # end, so the window overlaps and the seen set drops repeats.
-            fresh = self._seen_spans(span_rows(self.store, record, steps,
-                                               ended_after=self._after(record)))
-            if fresh:
-                out["spans"] = pack(fresh)
+            if binned(steps):
+                # The page counts nothing itself: it fetches the counts again.
+                out["timeline_stale"] = True
+            else:
+                # Spans that ended lately: records land a little after their
+                # items end, so the window overlaps and the seen set drops repeats.
+                fresh = self._seen_spans(span_rows(self.store, record, steps,
+                                                   ended_after=self._after(record)))
+                if fresh:
+                    out["spans"] = pack(fresh)
         running = running_spans(self.store, record, steps) \
             if snap["run"]["status"] == "running" else []
         if running != self._running:

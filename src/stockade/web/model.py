@@ -386,12 +386,17 @@ SPAN_LIMIT = 20_000
 BINS = 500
 
 
+def binned(steps: Sequence[StepView]) -> bool:
+    """Whether the run's timeline is counts per slice of time (``span_bins``)."""
+    return sum(s.total or 0 for s in steps) > SPAN_LIMIT
+
+
 def timeline(store: Store, record: RunRecord, steps: Sequence[StepView]) -> dict[str, Any]:
     """Every recorded item's span (or, for a big run, how many items ended in
     each slice of time) and the items running now, for the run's timeline."""
     out = {"t0": record.started_at, "steps": [s.id for s in steps], "statuses": list(STATUSES),
            "running": running_spans(store, record, steps)}
-    if sum(s.total or 0 for s in steps) <= SPAN_LIMIT:
+    if not binned(steps):
         return {**out, "spans": pack(span_rows(store, record, steps))}
     return {**out, "spans": pack([]), "bins": span_bins(store, record, steps)}
 

@@ -360,12 +360,6 @@
     c[st] += n;
   };
   Timeline.prototype.add = function (spans) {
-    if (this.bins) {
-      // Counted by the server: fetched again, at most every few seconds,
-      // rather than told apart from what the first fetch counted.
-      this.stale = true;
-      return;
-    }
     // The stream may repeat spans the first fetch had (its window overlaps).
     const seen = this.seen || (this.seen = new Set(this.spans.map((s) => s[0] + ":" + s[1] + ":" + s[3])));
     for (const s of spans) {
@@ -681,6 +675,8 @@
         $("#no-failures").hidden = true;
       }
       if (p.spans) tl.add(rowsOf(p.spans));
+      // A big run's counts: fetched again, at most every few seconds.
+      if (p.timeline_stale) tl.stale = true;
       if (p.running) tl.setRunning(p.running.map((r) => [r[0], r[1], r[2] / 1000]));
     });
   }
