@@ -14,6 +14,7 @@ from stockade.runner.scheduler import (
     Expand,
     Expanded,
     ExpandFailed,
+    InlineEnded,
     Interrupt,
     ItemFinished,
     RetryScheduled,
@@ -21,6 +22,7 @@ from stockade.runner.scheduler import (
     Scheduler,
     Start,
     StartAttempt,
+    StartInline,
     StepFinished,
     StepInfo,
     StepStarted,
@@ -52,6 +54,9 @@ def names(actions: Sequence[Any]) -> list[str]:
             out.append(f"started {a.step} {a.items}")
         elif isinstance(a, StartAttempt):
             out.append(f"start {a.step}/{a.index}#{a.try_}")
+        elif isinstance(a, StartInline):
+            out.append(f"inline {a.step} " + " ".join(
+                f"{i}#{t}" for i, t in zip(a.indexes, a.tries, strict=True)))
         elif isinstance(a, RetryScheduled):
             out.append(f"retry {a.step}/{a.index}#{a.try_} in {a.delay:g}")
         elif isinstance(a, ItemFinished):
@@ -112,9 +117,31 @@ DIAMOND = [StepInfo("a"), StepInfo("b", needs=("a",)), StepInfo("c", needs=("a",
      [["expand a"], ["started a 2", "start a/0#1", "start a/1#1"], ["item a/0 failed"],
       ["item a/1 succeeded", "step a failed", "expand b"], ["started b 1", "start b/0#1"],
       ["item b/0 succeeded", "step b succeeded", "run failed"]]),
-    # Inline steps (keep:) take no slot: all items start at once.
+    # Inline steps (keep:) take no slot: all items start at once, as one batch...
     ([StepInfo("k", inline=True)], 1, [Start(0), Expanded("k", 3, 0)],
-     [["expand k"], ["started k 3", "start k/0#1", "start k/1#1", "start k/2#1"]]),
+     [["expand k"], ["started k 3", "inline k 0#1 1#1 2#1"]]),
+    # ... and end as one; each item finishes as if it had ended alone.
+    ([StepInfo("k", inline=True)], 1,
+     [Start(0), Expanded("k", 3, 0), InlineEnded("k", ((0, OK, True), (1, ERR, False),
+                                                       (2, OK, True)), 1)],
+     [["expand k"], ["started k 3", "inline k 0#1 1#1 2#1"],
+      ["item k/0 succeeded", "item k/1 errored", "item k/2 succeeded", "step k failed",
+       "run failed"]]),
+    # Verified items are left out of the batch.
+    ([StepInfo("k", inline=True)], 1, [Start(0), Expanded("k", 4, 0, frozenset({1, 2}))],
+     [["expand k"], ["started k 4", "inline k 0#1 3#1"]]),
+    # A retryable inline failure waits for its delay, then runs in a batch of its own.
+    ([StepInfo("k", inline=True, retries=1)], 1,
+     [Start(0), Expanded("k", 2, 0), InlineEnded("k", ((0, FAIL, True), (1, OK, True)), 1),
+      Tick(3)],
+     [["expand k"], ["started k 2", "inline k 0#1 1#1"], ["retry k/0#2 in 1", "item k/1 succeeded"],
+      ["inline k 0#2"]]),
+    # The queue keeps its order: an inline step's items queued behind a slotted
+    # step's start as soon as those ahead of them have started.
+    ([StepInfo("a"), StepInfo("k", inline=True)], 1,
+     [Start(0), Expanded("a", 2, 0), Expanded("k", 2, 0), AttemptEnded("a", 0, OK, 1)],
+     [["expand a", "expand k"], ["started a 2", "start a/0#1"], ["started k 2"],
+      ["item a/0 succeeded", "start a/1#1", "inline k 0#1 1#1"]]),
 ])
 def test_table(steps: list[StepInfo], slots: int, events: list[Any],
                expected: list[list[str]]) -> None:
@@ -234,6 +261,14 @@ def test_a_failure_while_interrupted_is_not_retried() -> None:
     assert names(s.handle(AttemptEnded("a", 0, FAIL, 2))) == ["item a/0 failed"]
     assert names(s.handle(AttemptEnded("a", 1, INTR, 2))) == [
         "item a/1 interrupted", "step a interrupted", "run interrupted"]
+
+
+def test_an_inline_batch_for_a_slotted_step_is_misuse() -> None:
+    s = sched([StepInfo("a")], slots=1)
+    s.handle(Start(0))
+    s.handle(Expanded("a", 1, 0))
+    with pytest.raises(ValueError, match="not inline"):
+        s.handle(InlineEnded("a", ((0, OK, True),), 1))
 
 
 @pytest.mark.parametrize("event", [

@@ -57,6 +57,7 @@ from stockade.runner.scheduler import (
     Expand,
     Expanded,
     ExpandFailed,
+    InlineEnded,
     Interrupt,
     ItemFinished,
     RetryScheduled,
@@ -64,6 +65,7 @@ from stockade.runner.scheduler import (
     Scheduler,
     Start,
     StartAttempt,
+    StartInline,
     StepFinished,
     StepInfo,
     StepStarted,
@@ -189,6 +191,7 @@ class Engine:
             Expand: lambda a: self.scheduler.handle(self._expand(a.step)),
             StepStarted: self._step_started,
             StartAttempt: self._start,
+            StartInline: self._start_inline,
             RetryScheduled: self._retry_scheduled,
             ItemFinished: self._item_finished,
             StepFinished: self._step_finished,
@@ -421,14 +424,12 @@ class Engine:
         sr = self.steps[action.step]
         it = sr.items[action.index]
         step = sr.step
-        if action.try_ == 1 and self.resume and not is_inline(step) and not it.resumed:
+        if action.try_ == 1 and self.resume and not it.resumed:
             it.resumed = True
             it.base = record_lost_attempts(self.run.run_id, step.id, it.index,
                                            self.run.item(step.id, it.index), self.store,
                                            self.ctx.clock)
         attempt = self._attempt(step, it, action.try_)
-        if is_inline(step):
-            return self._attempt_ended(attempt, kind_of(step).run(attempt))
         if self.prefetch is not None and action.try_ == 1:
             self.prefetch.claim(step.id, it.index)
         if action.try_ == 1 and it.reuse is not None and it.reuse.candidates:
@@ -438,6 +439,22 @@ class Engine:
         self.reporter.item_started(step.id, it.key)
         self.executor.submit(attempt)
         return []
+
+    def _start_inline(self, action: StartInline) -> list[Action]:
+        """Evaluate a batch of an inline step's items here, on the engine's thread.
+
+        They make no attempt record, folder or process; each item's outcome is
+        kept for ``_item_finished``, and the scheduler hears of them all at once.
+        """
+        sr = self.steps[action.step]
+        step = sr.step
+        run = kind_of(step).run
+        ended: list[tuple[int, AttemptStatus, bool]] = []
+        for index, try_ in zip(action.indexes, action.tries, strict=True):
+            it = sr.items[index]
+            out = it.outcome = run(self._attempt(step, it, try_))
+            ended.append((index, out.status, out.retryable))
+        return self.scheduler.handle(InlineEnded(action.step, tuple(ended), self.ctx.clock()))
 
     def _reuse(self, attempt: Attempt, it: _Item, keyed: Keyed) -> Outcome | None:
         """Take the item from an earlier run if one still verifies; None: it runs."""
@@ -456,11 +473,10 @@ class Engine:
         it.outcome = outcome
         if outcome.usage:
             it.usage = add_usage(it.usage or {}, outcome.usage)
-        if not is_inline(attempt.step):
-            self._pending_attempts.append(AttemptRecord(
-                self.run.run_id, attempt.step.id, attempt.item.index, outcome.attempt,
-                str(outcome.status), outcome.exit_code, outcome.started_at, outcome.ended_at,
-                self.ctx.masker.text(outcome.message), outcome.provenance))
+        self._pending_attempts.append(AttemptRecord(
+            self.run.run_id, attempt.step.id, attempt.item.index, outcome.attempt,
+            str(outcome.status), outcome.exit_code, outcome.started_at, outcome.ended_at,
+            self.ctx.masker.text(outcome.message), outcome.provenance))
         if outcome.status is AttemptStatus.LOST:
             self._lost(attempt, it, outcome)
         return self.scheduler.handle(AttemptEnded(

@@ -9,7 +9,9 @@ tested with tables of events and expected actions (``tests/unit/test_scheduler.p
 The engine (``runner.engine``) is the I/O shell around it: it answers
 ``Expand`` by rendering the step's ``for_each`` and ``key`` templates, runs
 ``StartAttempt`` through an executor, records ``ItemFinished`` and the rest,
-and feeds the outcomes back as ``AttemptEnded``.
+and feeds the outcomes back as ``AttemptEnded``. The items of an inline step
+(``keep:``) take no job slot: the ones ready together start as one
+``StartInline`` and come back as one ``InlineEnded``.
 
 Life of a step: ``pending`` until every step it needs is done; then skipped
 (a need failed and does not continue past failures, or the run was
@@ -103,6 +105,15 @@ class AttemptEnded:
 
 
 @dataclass(frozen=True)
+class InlineEnded:
+    """The items of one ``StartInline`` were evaluated: ``(index, status, retryable)`` each."""
+
+    step: str
+    ended: tuple[tuple[int, AttemptStatus, bool], ...]
+    now: float
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passed (the engine sends it when ``next_wakeup`` is reached)."""
 
@@ -115,7 +126,7 @@ class Interrupt:
     reason: str = "run interrupted"
 
 
-Event = Start | Expanded | ExpandFailed | AttemptEnded | Tick | Interrupt
+Event = Start | Expanded | ExpandFailed | AttemptEnded | InlineEnded | Tick | Interrupt
 
 
 # -- actions ------------------------------------------------------------------------
@@ -141,6 +152,17 @@ class StartAttempt:
     step: str
     index: int
     try_: int
+
+
+@dataclass(frozen=True)
+class StartInline:
+    """Evaluate these items of an inline step on the engine's thread, in order, and
+    answer with one ``InlineEnded``: one action per step, not one per item, because
+    an inline item costs tens of microseconds and a keep: may have 100,000 of them."""
+
+    step: str
+    indexes: tuple[int, ...]
+    tries: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -178,8 +200,8 @@ class RunFinished:
     status: RunStatus
 
 
-Action = (Expand | StepStarted | StartAttempt | RetryScheduled | ItemFinished | StepFinished
-          | CancelRunning | RunFinished)
+Action = (Expand | StepStarted | StartAttempt | StartInline | RetryScheduled | ItemFinished
+          | StepFinished | CancelRunning | RunFinished)
 
 
 # -- state --------------------------------------------------------------------------
@@ -266,7 +288,14 @@ class Scheduler:
         elif isinstance(event, ExpandFailed):
             self._expand_failed(event, out)
         elif isinstance(event, AttemptEnded):
-            self._attempt_ended(event, out)
+            self._attempt_ended(event.step, event.index, event.status, event.now,
+                                event.retryable, out)
+            self._release_waiting(event.now)
+        elif isinstance(event, InlineEnded):
+            if not self._steps[event.step].info.inline:
+                raise ValueError(f"step {event.step!r} is not inline")
+            for index, status, retryable in event.ended:
+                self._attempt_ended(event.step, index, status, event.now, retryable, out)
             self._release_waiting(event.now)
         elif isinstance(event, Tick):
             self._release_waiting(event.now)
@@ -303,32 +332,33 @@ class Scheduler:
         st.status, st.message = StepStatus.FAILED, ev.message
         out.append(StepFinished(ev.step, StepStatus.FAILED, ev.message))
 
-    def _attempt_ended(self, ev: AttemptEnded, out: list[Action]) -> None:
-        st = self._steps[ev.step]
-        if st.items[ev.index] is not ItemStatus.RUNNING:
-            raise ValueError(f"{ev.step}/{ev.index} is not running ({st.items[ev.index]})")
+    def _attempt_ended(self, sid: str, index: int, status: AttemptStatus, now: float,
+                       retryable: bool, out: list[Action]) -> None:
+        st = self._steps[sid]
+        if st.items[index] is not ItemStatus.RUNNING:
+            raise ValueError(f"{sid}/{index} is not running ({st.items[index]})")
         if not st.info.inline:
             self.running -= 1
-        if ev.status is AttemptStatus.LOST and not self.interrupted \
-                and st.lost[ev.index] < MAX_LOST:
+        if status is AttemptStatus.LOST and not self.interrupted \
+                and st.lost[index] < MAX_LOST:
             # Its worker died: the item runs again at once in a fresh attempt
             # (the next number), ahead of the queue; the loss is not one of its retries.
-            st.lost[ev.index] += 1
-            st.items[ev.index] = ItemStatus.PENDING
-            self._ready.appendleft((ev.step, ev.index))
+            st.lost[index] += 1
+            st.items[index] = ItemStatus.PENDING
+            self._ready.appendleft((sid, index))
             return
-        try_ = st.tries[ev.index]
-        failures = try_ - st.lost[ev.index]  # the attempts that count against ``retries``
-        retry = (ev.status not in ATTEMPT_FINAL and ev.retryable and not self.interrupted
+        try_ = st.tries[index]
+        failures = try_ - st.lost[index]  # the attempts that count against ``retries``
+        retry = (status not in ATTEMPT_FINAL and retryable and not self.interrupted
                  and failures <= st.info.retries)
         if retry:
             delay = self.retry_delay(st.info.retry_delay, failures)
-            st.items[ev.index] = ItemStatus.RETRYING
+            st.items[index] = ItemStatus.RETRYING
             self._seq += 1
-            heapq.heappush(self._waiting, (ev.now + delay, self._seq, ev.step, ev.index))
-            out.append(RetryScheduled(ev.step, ev.index, try_ + 1, ev.now + delay, delay))
+            heapq.heappush(self._waiting, (now + delay, self._seq, sid, index))
+            out.append(RetryScheduled(sid, index, try_ + 1, now + delay, delay))
             return
-        self._finish_item(st, ev.index, item_status(ev.status), out)
+        self._finish_item(st, index, item_status(status), out)
         self._maybe_finish_step(st, out)
 
     def retry_delay(self, base: float, try_: int) -> float:
@@ -371,19 +401,32 @@ class Scheduler:
             while self._ready and not self.interrupted:
                 sid, index = self._ready[0]
                 st = self._steps[sid]
-                if not st.info.inline and self.running >= self.slots:
+                if st.info.inline:
+                    self._start_inline(sid, st, out)
+                    continue
+                if self.running >= self.slots:
                     break
                 self._ready.popleft()
                 st.items[index] = ItemStatus.RUNNING
                 st.tries[index] += 1
-                if not st.info.inline:
-                    self.running += 1
+                self.running += 1
                 out.append(StartAttempt(sid, index, st.tries[index]))
         if self.finished is None and not self._pending_steps and not self.running \
                 and not self._ready and not self._waiting \
                 and all(s.status in STEP_DONE for s in self._steps.values()):
             self.finished = self._run_status()
             out.append(RunFinished(self.finished))
+
+    def _start_inline(self, sid: str, st: _Step, out: list[Action]) -> None:
+        """Start the inline step's items at the head of the queue, as one batch (no slots)."""
+        indexes: list[int] = []
+        ready = self._ready
+        while ready and ready[0][0] == sid:
+            index = ready.popleft()[1]
+            st.items[index] = ItemStatus.RUNNING
+            st.tries[index] += 1
+            indexes.append(index)
+        out.append(StartInline(sid, tuple(indexes), tuple(st.tries[i] for i in indexes)))
 
     def _start_steps(self, out: list[Action]) -> bool:
         started = False
@@ -453,6 +496,6 @@ class Scheduler:
 
 __all__ = [
     "Action", "AttemptEnded", "CancelRunning", "Event", "Expand", "ExpandFailed", "Expanded",
-    "Interrupt", "ItemFinished", "RetryScheduled", "RunFinished", "Scheduler", "Start",
-    "StartAttempt", "StepFinished", "StepInfo", "StepStarted", "Tick",
+    "InlineEnded", "Interrupt", "ItemFinished", "RetryScheduled", "RunFinished", "Scheduler",
+    "Start", "StartAttempt", "StartInline", "StepFinished", "StepInfo", "StepStarted", "Tick",
 ]
