@@ -20,7 +20,6 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from stockade.agent import endpoints
 from stockade.errors import Problem, UserError
 from stockade.spec import Spec
 
@@ -60,6 +59,10 @@ def preflight(spec: Spec, base: Path, env: Mapping[str, str] | None) -> list[Pro
     for i, step in enumerate(spec.workflow.steps):
         if step.agent is None:
             continue
+        # Here, not at the top: a workflow without agent steps (most) does not
+        # pay for importing the agent package on its way to the first item.
+        from stockade.agent import endpoints
+
         provider = step.agent.model.split("/", 1)[0]
         for field, message in endpoints.problems(provider, endpoints.step_endpoint(step.agent.endpoint),
                                                  env):

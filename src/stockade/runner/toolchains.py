@@ -24,14 +24,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stockade.errors import Problem, UserError
 from stockade.sandbox.base import Backend
-from stockade.sandbox.image import Image, ImageError, open_image
 from stockade.sandbox.policy import ExtraMount
 from stockade.sandbox.toolchain import SYSTEM_DIRS, fingerprint, needs_of, within
 from stockade.spec import Spec
+
+if TYPE_CHECKING:  # imported by the steps that have an image: (tarfile, gzip, layers)
+    from stockade.sandbox.image import Image
 
 #: Where unpacked images live under the root.
 IMAGES = "images"
@@ -183,6 +185,8 @@ class _Resolver:
 
         def progress(text: str) -> None:
             self.echo(f"{step.id}: unpacking image {step.image}: {text}")
+
+        from stockade.sandbox.image import ImageError, open_image
 
         try:
             return open_image(source, self.root / IMAGES, progress)
