@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -67,7 +66,7 @@ def state(record: RunRecord) -> RunStatus:
         return status
     path = run_path(record)
     holder = read_holder(path)
-    if not path.exists() or (holder is not None and holder.host != socket.gethostname()):
+    if not path.exists() or (holder is not None and holder.host != os.uname().nodename):
         # Run by an engine on another machine (a shared store): its lock is not ours to test.
         return status
     if is_held(path):
@@ -183,7 +182,7 @@ def signal_cancel(record: RunRecord) -> Holder:
     holder = read_holder(path)
     if holder is None or not is_held(path):
         raise UserError(f"run {record.run_id} has no live engine here to cancel")
-    if holder.host != socket.gethostname():
+    if holder.host != os.uname().nodename:
         raise UserError(f"run {record.run_id} is executed on {holder.host} (pid {holder.pid}); "
                         "cancel it there")
     try:

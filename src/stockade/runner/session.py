@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import sys
 import threading
 import time
@@ -317,7 +316,7 @@ def _manifest(spec: Spec, plan: Plan, run_id: str, started: float, values: dict[
         "input_fingerprint": input_fingerprint(values, files, trees),
         "input_refused": {f"tree:{k}": [{"path": p, "why": w} for p, w in v.refused]
                           for k, v in trees.items() if v.refused},
-        "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
+        "host": {"hostname": os.uname().nodename, "platform": platform.platform(),
                  "python": sys.version.split()[0]},
         "engine": {"name": "stockade", "version": __version__},
         "sandbox": {"backend": choice.name, "enforced": choice.enforced,

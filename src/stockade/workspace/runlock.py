@@ -15,7 +15,6 @@ import contextlib
 import fcntl
 import json
 import os
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +54,7 @@ class RunLock:
             raise UserError(f"run {self.path.parent.name} is being executed by another "
                             f"engine{who}; wait for it or `stockade cancel` it") from None
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode())
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": os.uname().nodename}).encode())
         self._fd = fd
 
     def release(self) -> None:
