@@ -34,16 +34,20 @@ import tempfile
 import time
 from pathlib import Path
 
+#: Reports the engine's rusage as the command ends; not from an exit handler,
+#: which would make ``stockade`` end the usual slower way (``cli.main._end_now``).
 WRAPPER = """
-import atexit, json, os, resource, runpy, sys
+import json, os, resource, runpy, sys
 def _report():
     r = resource.getrusage(resource.RUSAGE_SELF)
     with open(os.environ["BENCH_RUSAGE"], "w") as f:
         json.dump({"cpu": r.ru_utime + r.ru_stime, "user": r.ru_utime, "sys": r.ru_stime,
                    "maxrss_mb": r.ru_maxrss / 1024}, f)
-atexit.register(_report)
 sys.argv = ["stockade", *sys.argv[1:]]
-runpy.run_module("stockade.cli.main", run_name="__main__")
+try:
+    runpy.run_module("stockade.cli.main", run_name="__main__")
+finally:
+    _report()
 """
 
 

@@ -23,6 +23,8 @@ import atexit, sys
 from stockade.cli import main as m
 torn, handled, mode = sys.argv[1:4]
 del sys.argv[1:4]
+if mode == "embedded":  # a program that runs stockade after registering a handler
+    atexit.register(lambda: open(handled + ".before", "w").close())
 
 class Witness:
     # Bound now: by the time teardown reaches it, builtins may be gone.
@@ -123,3 +125,12 @@ def test_a_reader_that_goes_away_is_not_an_error(project: Project) -> None:
     err = show.stderr.read().decode()
     assert show.wait(timeout=120) == 0, err
     assert "Traceback" not in err and "Exception ignored" not in err
+
+
+def test_a_handler_registered_before_main_still_runs(project: Project, tmp_path: Path) -> None:
+    # coverage, or a benchmark's wrapper: stockade is not the whole program,
+    # so it ends the usual way and the program's own handler runs.
+    p, torn, handled = _program(project, tmp_path, "embedded", "--version")
+    assert p.returncode == 0, p.stderr
+    assert Path(f"{handled}.before").exists()
+    assert handled.exists() and torn.exists()

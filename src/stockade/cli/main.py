@@ -330,8 +330,10 @@ _status: int | None = None
 def _end_now() -> None:
     """The process's last exit handler: flush stdout and stderr, and end now.
 
-    Registered when ``main`` starts, before any other handler, so it runs after
-    all of them (they run last registered first): the handlers of the modules a
+    Registered when ``main`` starts, and only when no handler is registered
+    yet (``stockade`` is the whole program, not run by coverage or a
+    benchmark's wrapper that registered one of its own), so it runs after all
+    of them (they run last registered first): the handlers of the modules a
     command imported (logging, weakref finalizers, Dask) have run, and the
     threads that are not daemons were joined before them. What it skips is
     Python's teardown of every module and object, which nobody sees: 130-160
@@ -348,7 +350,8 @@ def _end_now() -> None:
 
 def main() -> None:
     global _status
-    atexit.register(_end_now)
+    if not atexit._ncallbacks():
+        atexit.register(_end_now)
     try:
         if _pending.count:
             raise SystemExit(EXIT_INTERRUPTED)  # a Ctrl-C while importing, dropped by Python
