@@ -336,3 +336,20 @@ def test_a_lost_attempt_after_an_interrupt_is_not_run_again() -> None:
     assert names(s.handle(Interrupt(1))) == ["cancel"]
     assert names(s.handle(AttemptEnded("a", 0, A.LOST, 2))) == [
         "item a/0 errored", "step a failed", "run interrupted"]
+
+
+def test_a_large_inline_step_starts_one_batch_at_a_time() -> None:
+    s = Scheduler([StepInfo("k", inline=True), StepInfo("a")], ["k", "a"], slots=1,
+                  rng=_NoJitter(), inline_batch=2)
+    assert names(s.handle(Start(0))) == ["expand k", "expand a"]
+    assert names(s.handle(Expanded("k", 5, 0))) == ["started k 5", "inline k 0#1 1#1"]
+    # The slotted step's items queue behind the inline step's remaining items.
+    assert names(s.handle(Expanded("a", 1, 0))) == ["started a 1"]
+    assert names(s.handle(InlineEnded("k", ((0, OK, True), (1, OK, True)), 1))) == [
+        "item k/0 succeeded", "item k/1 succeeded", "inline k 2#1 3#1"]
+    assert names(s.handle(InlineEnded("k", ((2, OK, True), (3, FAIL, False)), 2))) == [
+        "item k/2 succeeded", "item k/3 failed", "inline k 4#1"]
+    assert names(s.handle(InlineEnded("k", ((4, OK, True),), 3))) == [
+        "item k/4 succeeded", "step k failed", "start a/0#1"]
+    assert names(s.handle(AttemptEnded("a", 0, OK, 4))) == [
+        "item a/0 succeeded", "step a succeeded", "run failed"]

@@ -10,8 +10,8 @@ The engine (``runner.engine``) is the I/O shell around it: it answers
 ``Expand`` by rendering the step's ``for_each`` and ``key`` templates, runs
 ``StartAttempt`` through an executor, records ``ItemFinished`` and the rest,
 and feeds the outcomes back as ``AttemptEnded``. The items of an inline step
-(``keep:``) take no job slot: the ones ready together start as one
-``StartInline`` and come back as one ``InlineEnded``.
+(``keep:``) take no job slot: the ones ready together start in batches of
+up to ``INLINE_BATCH``, each one ``StartInline`` answered by one ``InlineEnded``.
 
 Life of a step: ``pending`` until every step it needs is done; then skipped
 (a need failed and does not continue past failures, or the run was
@@ -51,6 +51,10 @@ JITTER = 0.2
 #: Attempts of one item that may be ``lost`` (their worker died) and run again at
 #: once, not counted against ``retries``; one more ends the item as errored.
 MAX_LOST = 3
+#: Items of an inline step started by one ``StartInline``. The next batch starts
+#: when this one has ended, so a 100,000-item ``keep:`` never holds the actions
+#: and events of all its items at once.
+INLINE_BATCH = 1024
 
 
 @dataclass(frozen=True)
@@ -233,10 +237,12 @@ class Scheduler:
         *,
         slots: int,
         rng: random.Random | None = None,
+        inline_batch: int = INLINE_BATCH,
     ) -> None:
         if slots < 1:
             raise ValueError("slots must be at least 1")
         self.slots = slots
+        self.inline_batch = max(1, inline_batch)
         self._rng = rng or random.Random()
         self._steps = {s.id: _Step(s) for s in steps}
         self._order = list(order)
@@ -245,6 +251,8 @@ class Scheduler:
         self._waiting: list[tuple[float, int, str, int]] = []
         self._seq = 0
         self.running = 0
+        #: ``StartInline`` batches not answered yet (0 or 1).
+        self._inline_running = 0
         self.interrupted = False
         self.finished: RunStatus | None = None
 
@@ -294,6 +302,7 @@ class Scheduler:
         elif isinstance(event, InlineEnded):
             if not self._steps[event.step].info.inline:
                 raise ValueError(f"step {event.step!r} is not inline")
+            self._inline_running = max(0, self._inline_running - 1)
             for index, status, retryable in event.ended:
                 self._attempt_ended(event.step, index, status, event.now, retryable, out)
             self._release_waiting(event.now)
@@ -402,8 +411,10 @@ class Scheduler:
                 sid, index = self._ready[0]
                 st = self._steps[sid]
                 if st.info.inline:
-                    self._start_inline(sid, st, out)
-                    continue
+                    # One batch at a time: the next starts when this one has ended.
+                    if not self._inline_running:
+                        self._start_inline(sid, st, out)
+                    break
                 if self.running >= self.slots:
                     break
                 self._ready.popleft()
@@ -421,11 +432,12 @@ class Scheduler:
         """Start the inline step's items at the head of the queue, as one batch (no slots)."""
         indexes: list[int] = []
         ready = self._ready
-        while ready and ready[0][0] == sid:
+        while ready and ready[0][0] == sid and len(indexes) < self.inline_batch:
             index = ready.popleft()[1]
             st.items[index] = ItemStatus.RUNNING
             st.tries[index] += 1
             indexes.append(index)
+        self._inline_running += 1
         out.append(StartInline(sid, tuple(indexes), tuple(st.tries[i] for i in indexes)))
 
     def _start_steps(self, out: list[Action]) -> bool:
