@@ -80,20 +80,27 @@ def test_control_an_unexpected_exception_ends_as_python_does(project: Project,
     assert handled.exists() and torn.exists()
 
 
-def test_output_larger_than_a_pipe_arrives_whole(project: Project) -> None:
-    wf = project.write("wf.yaml", """\
-        name: many
-        steps:
-          - id: fan
-            for_each: "{{ vars.n | from_json }}"
-            keep: "{{ item % 3 == 0 }}"
-        vars:
-          n: "[]"
-        """)
-    numbers = json.dumps(list(range(3000)))
-    r = project.run("run", str(wf), "--run-id", "big", "--var", f"n={numbers}",
-                    "--sandbox", "none")
+#: A run whose ``show --json`` of one step is a few hundred KiB.
+MANY = """\
+    name: many
+    steps:
+      - id: fan
+        for_each: "{{ vars.n | from_json }}"
+        keep: "{{ item % 3 == 0 }}"
+    vars:
+      n: "[]"
+    """
+
+
+def _many(project: Project, run_id: str, items: int = 3000) -> None:
+    wf = project.write("wf.yaml", MANY)
+    r = project.run("run", str(wf), "--run-id", run_id, "--var",
+                    f"n={json.dumps(list(range(items)))}", "--sandbox", "none")
     assert r.code == 0, r.err
+
+
+def test_output_larger_than_a_pipe_arrives_whole(project: Project) -> None:
+    _many(project, "big")
     # Read through a pipe, well over its 64 KiB buffer: all of it, parsed.
     p = subprocess.run(project.cmd("show", "big", "fan", "--all", "--json"),
                        cwd=project.path, env=project.env, capture_output=True, timeout=120)
@@ -104,18 +111,7 @@ def test_output_larger_than_a_pipe_arrives_whole(project: Project) -> None:
 
 
 def test_a_reader_that_goes_away_is_not_an_error(project: Project) -> None:
-    wf = project.write("wf.yaml", """\
-        name: many
-        steps:
-          - id: fan
-            for_each: "{{ vars.n | from_json }}"
-            keep: "{{ item % 2 == 0 }}"
-        vars:
-          n: "[]"
-        """)
-    numbers = json.dumps(list(range(3000)))
-    assert project.run("run", str(wf), "--run-id", "b", "--var", f"n={numbers}",
-                       "--sandbox", "none").code == 0
+    _many(project, "b")
     show = subprocess.Popen(project.cmd("show", "b", "fan", "--all", "--json"),
                             cwd=project.path, env=project.env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
