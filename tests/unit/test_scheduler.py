@@ -271,6 +271,16 @@ def test_an_inline_batch_for_a_slotted_step_is_misuse() -> None:
         s.handle(InlineEnded("a", ((0, OK, True),), 1))
 
 
+def test_an_inline_batch_that_never_started_is_misuse() -> None:
+    s = sched([StepInfo("a"), StepInfo("k", inline=True)], slots=1)
+    s.handle(Start(0))
+    s.handle(Expanded("a", 1, 0))  # keeps the run going
+    s.handle(Expanded("k", 1, 0))
+    s.handle(InlineEnded("k", ((0, OK, True),), 1))
+    with pytest.raises(ValueError, match="no inline batch"):
+        s.handle(InlineEnded("k", ((0, OK, True),), 2))
+
+
 @pytest.mark.parametrize("event", [
     AttemptEnded("a", 0, OK, 1),                     # not running
     Expanded("a", 1, 0),                              # not being expanded

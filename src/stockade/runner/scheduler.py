@@ -161,8 +161,9 @@ class StartAttempt:
 @dataclass(frozen=True)
 class StartInline:
     """Evaluate these items of an inline step on the engine's thread, in order, and
-    answer with one ``InlineEnded``: one action per step, not one per item, because
-    an inline item costs tens of microseconds and a keep: may have 100,000 of them."""
+    answer with one ``InlineEnded``: one action per batch of up to ``INLINE_BATCH``
+    items, not one per item, because an inline item costs tens of microseconds and
+    a keep: may have 100,000 of them."""
 
     step: str
     indexes: tuple[int, ...]
@@ -251,8 +252,8 @@ class Scheduler:
         self._waiting: list[tuple[float, int, str, int]] = []
         self._seq = 0
         self.running = 0
-        #: ``StartInline`` batches not answered yet (0 or 1).
-        self._inline_running = 0
+        #: A ``StartInline`` is out and its ``InlineEnded`` has not come back.
+        self._inline_running = False
         self.interrupted = False
         self.finished: RunStatus | None = None
 
@@ -302,7 +303,9 @@ class Scheduler:
         elif isinstance(event, InlineEnded):
             if not self._steps[event.step].info.inline:
                 raise ValueError(f"step {event.step!r} is not inline")
-            self._inline_running = max(0, self._inline_running - 1)
+            if not self._inline_running:
+                raise ValueError(f"no inline batch of {event.step!r} is running")
+            self._inline_running = False
             for index, status, retryable in event.ended:
                 self._attempt_ended(event.step, index, status, event.now, retryable, out)
             self._release_waiting(event.now)
@@ -437,7 +440,7 @@ class Scheduler:
             st.items[index] = ItemStatus.RUNNING
             st.tries[index] += 1
             indexes.append(index)
-        self._inline_running += 1
+        self._inline_running = True
         out.append(StartInline(sid, tuple(indexes), tuple(st.tries[i] for i in indexes)))
 
     def _start_steps(self, out: list[Action]) -> bool:
