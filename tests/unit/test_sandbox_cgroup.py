@@ -1,7 +1,14 @@
-"""Finding the engine's cgroups from /proc text (pure), and their names."""
+"""Finding the engine's cgroups from /proc text (pure), their names, and how a
+wait for a cgroup to empty paces itself (on a plain ``cgroup.events`` file,
+with an injected clock)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from stockade.sandbox import _cgroup
 from stockade.sandbox._cgroup import Hierarchy, engine_name, find_hierarchies
 
 # A hybrid machine: v1 controllers plus a controller-less v2 "unified" mount.
@@ -62,3 +69,88 @@ def test_no_cgroups_at_all() -> None:
 def test_engine_names() -> None:
     assert engine_name(4026531836, 42, 1234) == "stockade-4026531836-42-1234"
     assert engine_name(4026531836, 42, 1234, 2) == "stockade-4026531836-42-1234-2"
+
+
+class _Clock:
+    """``time`` for ``_cgroup``: sleeps advance a fake clock; ``flip`` says
+    after how many pauses the cgroup reports itself empty."""
+
+    def __init__(self, events: Path, flip: int) -> None:
+        self.now = 1000.0
+        self.events = events
+        self.flip = flip
+        self.sleeps: list[float] = []
+        self.polls: list[int] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def _pause(self, seconds: float) -> None:
+        self.now += seconds
+        if len(self.sleeps) + len(self.polls) == self.flip:
+            self.events.write_text("populated 0\nfrozen 0\n")
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self._pause(seconds)
+
+    def poller(self) -> object:
+        clock = self
+
+        class Poller:
+            def register(self, fd: int, mask: int) -> None:
+                assert mask == _cgroup.select.POLLPRI
+
+            def poll(self, ms: int) -> list[tuple[int, int]]:
+                clock.polls.append(ms)
+                clock._pause(ms / 1000)
+                return []
+
+        return Poller()
+
+
+def _pinned(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flip: int) -> tuple[_Clock, str]:
+    folder = tmp_path / "jail"
+    folder.mkdir()
+    (folder / "cgroup.events").write_text("populated 1\nfrozen 0\n")
+    clock = _Clock(folder / "cgroup.events", flip)
+    monkeypatch.setattr(_cgroup, "time", clock)
+    monkeypatch.setattr(_cgroup.select, "poll", clock.poller)
+    return clock, str(folder)
+
+
+def test_a_jail_that_ends_at_once_is_seen_after_short_pauses(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The kernel holds a cgroup file's notification back for up to 20 ms
+    # after the last one (the jail's start): the wait reads the file again
+    # after short, growing pauses instead of waiting for it.
+    clock, folder = _pinned(monkeypatch, tmp_path, flip=3)
+    assert _cgroup.empties("v2", folder, 0.1)
+    assert clock.sleeps == [0.00025, 0.0005, 0.001]
+    assert clock.polls == []
+
+
+def test_past_the_notification_interval_the_wait_is_the_notification(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    clock, folder = _pinned(monkeypatch, tmp_path, flip=12)
+    assert _cgroup.empties("v2", folder, 1.0)
+    # Doubling up to 4 ms while a notification may be held back (20 ms) ...
+    assert clock.sleeps[:6] == [0.00025, 0.0005, 0.001, 0.002, 0.004, 0.004]
+    assert max(clock.sleeps) == _cgroup.SHORT_PAUSE_CAP
+    assert sum(clock.sleeps[:-1]) < _cgroup.NOTIFY_INTERVAL <= sum(clock.sleeps)
+    # ... then poll() for the notification, its slice bounding a missed one.
+    assert clock.polls and all(ms == 50 for ms in clock.polls)
+    assert len(clock.sleeps) + len(clock.polls) == 12
+
+
+def test_a_jail_that_stays_is_not_waited_out(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    clock, folder = _pinned(monkeypatch, tmp_path, flip=-1)
+    start = clock.now
+    assert not _cgroup.empties("v2", folder, 0.3)
+    # The last pause is cut to the deadline (poll() counts whole milliseconds).
+    assert 0.3 <= clock.now - start < 0.301
+    assert clock.polls[-1] < 50

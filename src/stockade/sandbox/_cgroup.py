@@ -376,6 +376,16 @@ def _end_v2(folder: str, timeout: float) -> bool:
     return _wait_empty_v2(folder, timeout, kill=True)
 
 
+#: The kernel's least interval between two notifications of one cgroup file.
+NOTIFY_INTERVAL = 0.02
+#: How ``_wait_empty_v2`` waits between reads of ``cgroup.events``: sleeps
+#: from ``FIRST_PAUSE``, doubling, up to ``SHORT_PAUSE_CAP`` while a
+#: notification may be held back; then the notification, or ``LONG_PAUSE``.
+FIRST_PAUSE = 0.00025
+SHORT_PAUSE_CAP = 0.004
+LONG_PAUSE = 0.05
+
+
 def _wait_empty_v2(folder: str, timeout: float, *, kill: bool) -> bool:
     """Whether ``folder`` is empty within ``timeout`` (``cgroup.kill`` first if
     ``kill`` and anything is in it), waiting on ``cgroup.events``."""
@@ -393,15 +403,30 @@ def _wait_empty_v2(folder: str, timeout: float, *, kill: bool) -> bool:
             return True
         if kill:
             _write(os.path.join(folder, "cgroup.kill"), "1")
-        poller = select.poll()
-        poller.register(events, select.POLLPRI)
-        deadline = time.monotonic() + timeout
+        now = time.monotonic()
+        deadline = now + timeout
+        late = now + NOTIFY_INTERVAL
+        pause = FIRST_PAUSE
+        poller: select.poll | None = None
         while is_populated():
-            left = deadline - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            if now >= deadline:
                 return False
+            if now < late:
+                # The kernel sends at most one notification per cgroup file
+                # every 20 ms (CGROUP_FILE_NOTIFY_MIN_INTV): a jail that
+                # started less than 20 ms ago, or a lent cgroup whose last
+                # jail ended then, would be reported empty up to 20 ms late.
+                # A jail's namespaces take about a millisecond to go: read
+                # again after short pauses.
+                time.sleep(min(deadline - now, pause))
+                pause = min(pause * 2, SHORT_PAUSE_CAP)
+                continue
+            if poller is None:
+                poller = select.poll()
+                poller.register(events, select.POLLPRI)
             # The slice bounds a missed notification.
-            poller.poll(math.ceil(min(left, 0.05) * 1000))
+            poller.poll(math.ceil(min(deadline - now, LONG_PAUSE) * 1000))
         return True
     finally:
         os.close(events)
