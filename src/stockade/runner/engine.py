@@ -17,6 +17,7 @@ Must not import the CLI.
 
 from __future__ import annotations
 
+import gc
 import random
 import threading
 import time
@@ -95,6 +96,27 @@ from stockade.workspace.layout import ItemDir, RunDir
 #: (10,000/s against 14,000/s with 1,024, paired runs).
 FLUSH_EVERY = 1024
 FLUSH_SECONDS = 0.25
+
+#: The cyclic collector's first threshold while a run executes (Python's is
+#: 700 allocations). An item makes a few dozen short-lived objects and keeps
+#: its result, so at 700 the collector ran every few items, each time
+#: walking the young objects, and every tenth time the older ones: a keep:
+#: over 100,000 numbers went at a median 13,000 items/s, at 10,000 16,700/s
+#: (5 alternating runs each; peak RSS 125 MB either way: what is freed is
+#: freed by reference counting, the collector only finds cycles).
+GC_THRESHOLD = 10_000
+
+
+@contextmanager
+def collector_paced(threshold: int = GC_THRESHOLD) -> Iterator[None]:
+    """Raise the collector's first threshold to ``threshold`` (never lower it)
+    for the block; the previous thresholds come back after it."""
+    before = gc.get_threshold()
+    gc.set_threshold(max(before[0], threshold), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 @dataclass(frozen=True)
@@ -210,6 +232,10 @@ class Engine:
         if self.resume:
             kinds = {s.id: s.kind for s in self.spec.workflow.steps}
             self.verified = verified_items(self.run, self.store, kinds, self.ctx.clock)
+        with collector_paced():
+            return self._execute()
+
+    def _execute(self) -> RunSummary:
         status: RunStatus | None = None
         try:
             status = self._apply(self.scheduler.handle(Start(self.ctx.clock())))
