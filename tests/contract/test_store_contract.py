@@ -145,6 +145,37 @@ def test_record_batch_writes_attempts_and_items_together(store: Store) -> None:
     assert [a.attempt for a in store.attempts("r1", "s", 1)] == [1]
 
 
+def test_record_batch_replaces_outputs_whichever_steps_had_some(store: Store) -> None:
+    # One batch: items of a step with outputs recorded, of a step with none
+    # yet, and one whose outputs arrive in it; the next batch completes two
+    # of them again. Each item ends with only its latest outputs.
+    store.create_run(run())
+    out = lambda step, item, attempt, name: ArtifactRecord(  # noqa: E731
+        "r1", step, item, attempt, name, f"{attempt:02d}" * 32, attempt)
+    store.complete_item(ItemRecord("r1", "s", 0, "failed", 1), [out("s", 0, 1, "old")])
+    store.record_batch([], [
+        (ItemRecord("r1", "k", 0, "succeeded", 1), []),
+        (ItemRecord("r1", "s", 0, "succeeded", 2), [out("s", 0, 2, "new")]),
+        (ItemRecord("r1", "k", 1, "succeeded", 1), []),
+        (ItemRecord("r1", "t", 0, "failed", 1), [out("t", 0, 1, "partial")]),
+        (ItemRecord("r1", "s", 1, "succeeded", 1), [out("s", 1, 1, "a"), out("s", 1, 1, "b")]),
+    ])
+    store.record_batch([], [
+        (ItemRecord("r1", "t", 0, "succeeded", 2), [out("t", 0, 2, "whole")]),
+        (ItemRecord("r1", "k", 0, "succeeded", 2), [out("k", 0, 2, "late")]),
+        (ItemRecord("r1", "s", 1, "succeeded", 2), [out("s", 1, 2, "b")]),
+    ])
+    outputs = {(i.step, i.item): [(a.name, a.attempt) for a in i.outputs]
+               for i in store.items("r1")}
+    assert outputs == {
+        ("k", 0): [("late", 2)], ("k", 1): [],
+        ("s", 0): [("new", 2)], ("s", 1): [("b", 2)],
+        ("t", 0): [("whole", 2)],
+    }
+    assert {(i.step, i.item): i.attempt for i in store.items("r1")} == {
+        ("k", 0): 2, ("k", 1): 1, ("s", 0): 2, ("s", 1): 2, ("t", 0): 2}
+
+
 def test_items_keep_token_usage(store: Store) -> None:
     """Agent usage is part of the item's record, replaced with it, summed by readers."""
     store.create_run(run())

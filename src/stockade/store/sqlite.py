@@ -10,7 +10,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -168,6 +168,12 @@ CREATE TABLE IF NOT EXISTS last_publish (
 NOW_SQL = "(julianday('now') - 2440587.5) * 86400.0"
 
 
+_DELETE_OUTPUTS = "DELETE FROM artifacts WHERE run_id=? AND step=? AND item=?"
+_INSERT_ITEM = f"INSERT OR REPLACE INTO items ({ITEM_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+_INSERT_OUTPUT = "INSERT INTO artifacts VALUES (?,?,?,?,?,?,?)"
+_ITEM_STMT_ORDER = {_DELETE_OUTPUTS: 0, _INSERT_ITEM: 1, _INSERT_OUTPUT: 2}
+
+
 class SQLiteStore(Store):
     """A run store in one SQLite file. One connection, serialised by a lock."""
 
@@ -226,10 +232,18 @@ class SQLiteStore(Store):
 
     # -- helpers -----------------------------------------------------------
 
-    def _tx(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+    def _tx(
+        self,
+        statements: list[tuple[str, tuple[Any, ...]]]
+        | Callable[[], list[tuple[str, tuple[Any, ...]]]],
+    ) -> None:
+        """Run ``statements`` in one write transaction; a callable is asked for
+        them inside it (what they are may depend on what the store holds)."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
+                if callable(statements):
+                    statements = statements()
                 # Runs of one statement go as one executemany (a batch of
                 # finished items: a few calls instead of two per item).
                 for sql, group in itertools.groupby(statements, key=lambda st: st[0]):
@@ -354,22 +368,22 @@ class SQLiteStore(Store):
         return [attempt_from_row(r) for r in rows]
 
     @staticmethod
-    def _item_stmts(i: ItemRecord, outputs: list[ArtifactRecord]) -> list[tuple[str, tuple[Any, ...]]]:
-        stmts: list[tuple[str, tuple[Any, ...]]] = [
-            ("DELETE FROM artifacts WHERE run_id=? AND step=? AND item=?", (i.run_id, i.step, i.item)),
-            (
-                f"INSERT OR REPLACE INTO items ({ITEM_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (i.run_id, i.step, i.item, i.status, i.attempt, dump_json(i.result), dump_json(i.value),
-                 i.message, i.started_at, i.ended_at, i.key,
-                 None if i.reused_from is None else dump_json(i.reused_from),
-                 dump_json(dict(i.usage)) if i.usage else "{}"),
-            ),
-        ]
+    def _item_stmts(
+        i: ItemRecord, outputs: list[ArtifactRecord], *, replace_outputs: bool = True
+    ) -> list[tuple[str, tuple[Any, ...]]]:
+        stmts: list[tuple[str, tuple[Any, ...]]] = []
+        if replace_outputs:
+            stmts.append((_DELETE_OUTPUTS, (i.run_id, i.step, i.item)))
+        stmts.append((
+            _INSERT_ITEM,
+            (i.run_id, i.step, i.item, i.status, i.attempt, dump_json(i.result), dump_json(i.value),
+             i.message, i.started_at, i.ended_at, i.key,
+             None if i.reused_from is None else dump_json(i.reused_from),
+             dump_json(dict(i.usage)) if i.usage else "{}"),
+        ))
         for a in outputs:
-            stmts.append((
-                "INSERT INTO artifacts VALUES (?,?,?,?,?,?,?)",
-                (a.run_id, a.step, a.item, a.attempt, a.name, a.sha256, a.size),
-            ))
+            stmts.append((_INSERT_OUTPUT, (a.run_id, a.step, a.item, a.attempt, a.name, a.sha256,
+                                           a.size)))
         return stmts
 
     def complete_item(self, item: ItemRecord, outputs: list[ArtifactRecord]) -> None:
@@ -380,15 +394,29 @@ class SQLiteStore(Store):
         attempts: list[AttemptRecord],
         items: list[tuple[ItemRecord, list[ArtifactRecord]]],
     ) -> None:
-        stmts = [self._attempt_stmt(a) for a in attempts]
-        per_item = [self._item_stmts(item, outputs) for item, outputs in items]
-        # By statement, not by item (so _tx sends each kind at once): every
-        # item's old artifacts go before any new one is inserted, and an item
-        # completes once per batch.
-        for position in range(max((len(p) for p in per_item), default=0)):
-            stmts.extend(p[position] for p in per_item if position < len(p))
-        if stmts:
-            self._tx(stmts)
+        if not attempts and not items:
+            return
+
+        def statements() -> list[tuple[str, tuple[Any, ...]]]:
+            # A step of this run with no output recorded yet has no earlier
+            # outputs to delete: one look per step and batch instead of a
+            # DELETE per item (a third of the store's time on a keep: over
+            # 100,000 items, whose items never have outputs).
+            steps = {(item.run_id, item.step) for item, _ in items}
+            with_outputs = {key for key in steps if self._db.execute(
+                "SELECT 1 FROM artifacts WHERE run_id=? AND step=? LIMIT 1", key).fetchone()}
+            per_item = itertools.chain.from_iterable(
+                self._item_stmts(item, outputs,
+                                 replace_outputs=(item.run_id, item.step) in with_outputs)
+                for item, outputs in items
+            )
+            # By statement, not by item (so _tx sends each kind at once): every
+            # item's old artifacts go before any new one is inserted, and an item
+            # completes once per batch. (The sort is stable: items keep their order.)
+            return [self._attempt_stmt(a) for a in attempts] + sorted(
+                per_item, key=lambda st: _ITEM_STMT_ORDER[st[0]])
+
+        self._tx(statements)
 
     def forget_item(self, run_id: str, step: str, item: int) -> None:
         self._tx([
