@@ -1,0 +1,93 @@
+"""A ``keep:`` over N numbers, alone (issue: performance, target >= 20,000 items/s).
+
+``bench_engine.py --big`` times a ``keep:`` after 100,000 jailed items; this
+times the decision step by itself, so its figure moves only with the
+engine's per-item cost of an inline step: one step writes N numbers, the
+next keeps the even ones. Items per second are taken from the run's own
+``step_started`` and ``step_finished`` events (the step, not the process's
+start and end), with the engine's peak RSS.
+
+``--against SRC`` runs another source tree (a ``git worktree`` of an older
+commit: its ``src`` folder) in alternating rounds, so that both see the same
+machine states, and prints the rounds side by side with the median ratio.
+
+Usage: ``python bench/bench_keep.py [--items 100000] [--rounds 5] [--against SRC]``
+Trees go under ``$TMPDIR`` (``/dev/shm`` takes the disk out of it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench_engine import WRAPPER, keep_speed
+
+HERE = Path(__file__).resolve().parents[1] / "src"
+
+
+def workflow(n: int) -> str:
+    return f"""name: keepbench
+steps:
+  - id: gather
+    run: python3 -c "import json; print(json.dumps(list(range({n}))))" > out/items.json
+  - id: decide
+    needs: [gather]
+    for_each: "{{{{ steps.gather.outputs['items.json'] | from_json }}}}"
+    keep: "{{{{ item | int % 2 == 0 }}}}"
+"""
+
+
+def run(tmp: Path, n: int, src: Path) -> tuple[float, float]:
+    """One run of the workflow with the engine from ``src``: (items/s, peak RSS MB)."""
+    tmp.mkdir()
+    wf = tmp / "wf.yaml"
+    wf.write_text(workflow(n))
+    usage = tmp / "rusage.json"
+    env = {**os.environ, "STOCKADE_HOME": str(tmp / "home"), "BENCH_RUSAGE": str(usage),
+           "PYTHONPATH": str(src)}
+    p = subprocess.run([sys.executable, "-c", WRAPPER, "run", str(wf), "--run-id", "k",
+                        "--sandbox", "none", "--jobs", "2"],
+                       env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if p.returncode != 0:
+        raise SystemExit(f"run with {src} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    speed = keep_speed(tmp / "home" / "stockade.db", "k", n)
+    return speed, float(json.loads(usage.read_text())["maxrss_mb"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--items", type=int, default=100_000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--against", type=Path, default=None,
+                    help="another tree's src folder, run in alternating rounds")
+    args = ap.parse_args()
+    trees = {"this": HERE}
+    if args.against is not None:
+        trees["against"] = args.against.resolve()
+    results: dict[str, list[tuple[float, float]]] = {k: [] for k in trees}
+    with tempfile.TemporaryDirectory(prefix="stockade-bench-keep-") as d:
+        for r in range(args.rounds):
+            order = list(trees) if r % 2 == 0 else list(reversed(trees))
+            for name in order:
+                results[name].append(run(Path(d) / f"{name}{r}", args.items, trees[name]))
+            print(f"round {r + 1}: " + ", ".join(
+                f"{k} {v[-1][0]:,.0f} items/s" for k, v in results.items()), flush=True)
+    for name, rows in results.items():
+        speeds = [s for s, _ in rows]
+        print(f"{name}: keep over {args.items:,} numbers: median {statistics.median(speeds):,.0f} "
+              f"items/s (range {min(speeds):,.0f}-{max(speeds):,.0f}), peak RSS "
+              f"{max(m for _, m in rows):.0f} MB (target >= 20,000 items/s)")
+    if args.against is not None:
+        ratios = [a[0] / b[0] for a, b in zip(results["this"], results["against"], strict=True)]
+        print(f"this / against: median {statistics.median(ratios):.3f} "
+              f"(rounds {min(ratios):.3f}-{max(ratios):.3f})")
+
+
+if __name__ == "__main__":
+    main()
