@@ -171,7 +171,6 @@ NOW_SQL = "(julianday('now') - 2440587.5) * 86400.0"
 _DELETE_OUTPUTS = "DELETE FROM artifacts WHERE run_id=? AND step=? AND item=?"
 _INSERT_ITEM = f"INSERT OR REPLACE INTO items ({ITEM_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
 _INSERT_OUTPUT = "INSERT INTO artifacts VALUES (?,?,?,?,?,?,?)"
-_ITEM_STMT_ORDER = {_DELETE_OUTPUTS: 0, _INSERT_ITEM: 1, _INSERT_OUTPUT: 2}
 
 
 class SQLiteStore(Store):
@@ -368,26 +367,20 @@ class SQLiteStore(Store):
         return [attempt_from_row(r) for r in rows]
 
     @staticmethod
-    def _item_stmts(
-        i: ItemRecord, outputs: list[ArtifactRecord], *, replace_outputs: bool = True
-    ) -> list[tuple[str, tuple[Any, ...]]]:
-        stmts: list[tuple[str, tuple[Any, ...]]] = []
-        if replace_outputs:
-            stmts.append((_DELETE_OUTPUTS, (i.run_id, i.step, i.item)))
-        stmts.append((
-            _INSERT_ITEM,
-            (i.run_id, i.step, i.item, i.status, i.attempt, dump_json(i.result), dump_json(i.value),
-             i.message, i.started_at, i.ended_at, i.key,
-             None if i.reused_from is None else dump_json(i.reused_from),
-             dump_json(dict(i.usage)) if i.usage else "{}"),
-        ))
-        for a in outputs:
-            stmts.append((_INSERT_OUTPUT, (a.run_id, a.step, a.item, a.attempt, a.name, a.sha256,
-                                           a.size)))
-        return stmts
+    def _item_row(i: ItemRecord) -> tuple[Any, ...]:
+        return (i.run_id, i.step, i.item, i.status, i.attempt, dump_json(i.result),
+                dump_json(i.value), i.message, i.started_at, i.ended_at, i.key,
+                None if i.reused_from is None else dump_json(i.reused_from),
+                dump_json(dict(i.usage)) if i.usage else "{}")
+
+    @staticmethod
+    def _output_row(a: ArtifactRecord) -> tuple[Any, ...]:
+        return (a.run_id, a.step, a.item, a.attempt, a.name, a.sha256, a.size)
 
     def complete_item(self, item: ItemRecord, outputs: list[ArtifactRecord]) -> None:
-        self._tx(self._item_stmts(item, outputs))
+        self._tx([(_DELETE_OUTPUTS, (item.run_id, item.step, item.item)),
+                  (_INSERT_ITEM, self._item_row(item)),
+                  *((_INSERT_OUTPUT, self._output_row(a)) for a in outputs)])
 
     def record_batch(
         self,
@@ -405,16 +398,16 @@ class SQLiteStore(Store):
             steps = {(item.run_id, item.step) for item, _ in items}
             with_outputs = {key for key in steps if self._db.execute(
                 "SELECT 1 FROM artifacts WHERE run_id=? AND step=? LIMIT 1", key).fetchone()}
-            per_item = itertools.chain.from_iterable(
-                self._item_stmts(item, outputs,
-                                 replace_outputs=(item.run_id, item.step) in with_outputs)
-                for item, outputs in items
-            )
-            # By statement, not by item (so _tx sends each kind at once): every
-            # item's old artifacts go before any new one is inserted, and an item
-            # completes once per batch. (The sort is stable: items keep their order.)
-            return [self._attempt_stmt(a) for a in attempts] + sorted(
-                per_item, key=lambda st: _ITEM_STMT_ORDER[st[0]])
+            # By kind, not by item (so _tx sends each kind at once): every
+            # item's old outputs go before any new one is inserted, and an
+            # item completes once per batch.
+            return [
+                *(self._attempt_stmt(a) for a in attempts),
+                *((_DELETE_OUTPUTS, (i.run_id, i.step, i.item)) for i, _ in items
+                  if (i.run_id, i.step) in with_outputs),
+                *((_INSERT_ITEM, self._item_row(i)) for i, _ in items),
+                *((_INSERT_OUTPUT, self._output_row(a)) for _, outputs in items for a in outputs),
+            ]
 
         self._tx(statements)
 
