@@ -363,3 +363,11 @@ def test_a_large_inline_step_starts_one_batch_at_a_time() -> None:
         "item k/4 succeeded", "step k failed", "start a/0#1"]
     assert names(s.handle(AttemptEnded("a", 0, OK, 4))) == [
         "item a/0 succeeded", "step a succeeded", "run failed"]
+
+
+@pytest.mark.parametrize(("slots", "inline_batch", "what"), [
+    (0, 1, "slots"), (1, 0, "inline_batch"), (1, -3, "inline_batch"),
+])
+def test_no_slots_or_empty_inline_batches(slots: int, inline_batch: int, what: str) -> None:
+    with pytest.raises(ValueError, match=f"{what} must be at least 1"):
+        Scheduler([StepInfo("a")], ["a"], slots=slots, inline_batch=inline_batch)

@@ -242,8 +242,10 @@ class Scheduler:
     ) -> None:
         if slots < 1:
             raise ValueError("slots must be at least 1")
+        if inline_batch < 1:
+            raise ValueError("inline_batch must be at least 1")
         self.slots = slots
-        self.inline_batch = max(1, inline_batch)
+        self.inline_batch = inline_batch
         self._rng = rng or random.Random()
         self._steps = {s.id: _Step(s) for s in steps}
         self._order = list(order)
