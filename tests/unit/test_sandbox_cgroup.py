@@ -4,7 +4,9 @@ with an injected clock)."""
 
 from __future__ import annotations
 
+import select
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -99,7 +101,7 @@ class _Clock:
 
         class Poller:
             def register(self, fd: int, mask: int) -> None:
-                assert mask == _cgroup.select.POLLPRI
+                assert mask == select.POLLPRI
 
             def poll(self, ms: int) -> list[tuple[int, int]]:
                 clock.polls.append(ms)
@@ -115,7 +117,9 @@ def _pinned(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flip: int) -> tuple
     (folder / "cgroup.events").write_text("populated 1\nfrozen 0\n")
     clock = _Clock(folder / "cgroup.events", flip)
     monkeypatch.setattr(_cgroup, "time", clock)
-    monkeypatch.setattr(_cgroup.select, "poll", clock.poller)
+    # ``_cgroup``'s own view of the module: the process's select.poll stays.
+    monkeypatch.setattr(_cgroup, "select", SimpleNamespace(poll=clock.poller,
+                                                           POLLPRI=select.POLLPRI))
     return clock, str(folder)
 
 
