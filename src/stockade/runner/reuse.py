@@ -226,6 +226,7 @@ def place(attempt: Attempt, candidate: ReuseCandidate, inputs: Sequence[InputDig
     src_out = RunDir(Path(candidate.root), candidate.run_id).item(candidate.step,
                                                                    candidate.item).out
     out = attempt.dirs.out
+    attempt.dirs.make_folder()
     os.makedirs(out)
     for o in candidate.outputs:
         dst = out / o.name

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.errors import UserError
+from stockade.workspace.spread import spread_subfolders
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -312,10 +313,24 @@ class ItemDir:
         """``<item>/.next``: a first attempt's ``work/`` made ahead of its turn."""
         return f"{self.path}/.next"
 
+    def make_folder(self) -> None:
+        """Make the item's folder (and its step's, the first time)."""
+        try:
+            os.mkdir(self.path)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            # The step's first item: its folder holds unrelated trees, so ext4
+            # is asked to spread them (``spread``); that only changes where
+            # folders made after it go.
+            step = os.path.dirname(self.path)
+            os.makedirs(step, exist_ok=True)
+            spread_subfolders(step)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(self.path)
+
     def _make_item(self) -> None:
-        # Top-down, so no mkdir fails on a missing parent first (the step's
-        # folder exists after its first item).
-        os.makedirs(self.path, exist_ok=True)
+        self.make_folder()
         # meta/ is the engine's alone (prompts, transcripts, logs): no other
         # local user, jail uids included, may list or read it.
         with contextlib.suppress(FileExistsError):

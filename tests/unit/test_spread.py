@@ -1,0 +1,134 @@
+"""Step folders ask ext4 to spread their item folders (``workspace.spread``).
+
+On an ext2/3/4 test folder the flag must be set where the engine sets it and
+nowhere else; on any other filesystem the engine must report it unset and go
+on. Which case applies is read from the mount table, not guessed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+import threading
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from stockade.cli.main import cli
+from stockade.workspace.layout import RunDir
+from stockade.workspace.spread import FS_IOC_GETFLAGS, FS_TOPDIR_FL, spread_subfolders
+
+pytestmark = pytest.mark.skipif(os.uname().sysname != "Linux", reason="Linux inode flags")
+
+
+def fs_type(path: Path) -> str:
+    """The filesystem type of the mount holding ``path`` (/proc/self/mountinfo)."""
+    real = os.path.realpath(path)
+    best, kind = "", ""
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            point = left.split()[4].encode().decode("unicode_escape")
+            if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+                best, kind = point, right.split()[0]
+    return kind
+
+
+def topdir(path: Path | str) -> bool:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        (flags,) = struct.unpack("i", fcntl.ioctl(fd, FS_IOC_GETFLAGS, struct.pack("i", 0)))
+    finally:
+        os.close(fd)
+    return bool(flags & FS_TOPDIR_FL)
+
+
+@pytest.fixture
+def ext4(tmp_path: Path) -> bool:
+    return fs_type(tmp_path) in ("ext2", "ext3", "ext4")
+
+
+def test_the_flag_is_set_where_ext4_takes_it_and_reported_unset_elsewhere(
+    tmp_path: Path, ext4: bool
+) -> None:
+    folder = tmp_path / "step"
+    folder.mkdir()
+    assert spread_subfolders(str(folder)) is ext4
+    assert spread_subfolders(str(folder)) is ext4  # again: no change, same answer
+    if ext4:
+        assert topdir(folder)
+    # Never through a link, never on a file or a missing path.
+    (tmp_path / "file").write_text("x")
+    other = tmp_path / "other"
+    other.mkdir()
+    (tmp_path / "link2").symlink_to(other)
+    assert spread_subfolders(str(tmp_path / "link2")) is False
+    assert spread_subfolders(str(tmp_path / "file")) is False
+    assert spread_subfolders(str(tmp_path / "missing")) is False
+    if ext4:
+        assert not topdir(other)
+
+
+def test_a_steps_first_item_spreads_the_step_folder_and_only_it(tmp_path: Path, ext4: bool) -> None:
+    run = RunDir(tmp_path, "r1")
+    run.create()
+    first = run.item("fan", 0)
+    first.premake()
+    assert first.begin_attempt() == 1
+    run.item("fan", 1).premake()
+    step = run.path / "fan"
+    assert sorted(os.listdir(step)) == ["0", "1"]
+    if ext4:
+        assert topdir(step)
+        # Not inherited: an item's own folders stay near it.
+        assert not topdir(first.path) and not topdir(first.work) and not topdir(run.path)
+
+
+def test_items_of_a_new_step_made_at_once_all_get_their_folders(tmp_path: Path, ext4: bool) -> None:
+    run = RunDir(tmp_path, "r1")
+    run.create()
+    start = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def make(i: int) -> None:
+        try:
+            start.wait()
+            run.item("wide", i).premake()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=make, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(os.listdir(run.path / "wide")) == [str(i) for i in range(8)]
+    assert all(os.path.isdir(run.path / "wide" / str(i) / ".next" / "out") for i in range(8))
+    if ext4:
+        assert topdir(run.path / "wide")
+
+
+def test_a_run_spreads_each_steps_item_folders(tmp_path: Path, ext4: bool,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STOCKADE_HOME", str(tmp_path / "home"))
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(
+        "name: spread\n"
+        "steps:\n"
+        "  - id: one\n"
+        "    run: echo hi > out/x\n"
+        "  - id: fan\n"
+        "    needs: [one]\n"
+        "    for_each: [1, 2, 3]\n"
+        "    run: echo {{ item }} > out/x\n"
+    )
+    result = CliRunner().invoke(cli, ["run", str(wf), "--sandbox", "none", "--run-id", "r1"])
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "home" / "runs" / "r1"
+    assert (run / "fan" / "2" / "work" / "out" / "x").read_text() == "3\n"
+    if ext4:
+        assert topdir(run / "one") and topdir(run / "fan")
+        assert not topdir(run / "fan" / "0")
