@@ -3,6 +3,8 @@
 ::
 
     <root>/runs/<run_id>/manifest.json
+    <root>/runs/<run_id>/<step>/                    FS_TOPDIR_FL where the filesystem takes it
+                                                    (``spread``): its items are unrelated trees
     <root>/runs/<run_id>/<step>/<item>/work/        the attempt's whole writable world
     <root>/runs/<run_id>/<step>/<item>/work/out/    what it hands downstream
     <root>/runs/<run_id>/<step>/<item>/meta/        engine-owned (0700), never mounted
