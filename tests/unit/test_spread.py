@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import struct
 import threading
 from pathlib import Path
@@ -18,7 +19,12 @@ from click.testing import CliRunner
 
 from stockade.cli.main import cli
 from stockade.workspace.layout import RunDir
-from stockade.workspace.spread import FS_IOC_GETFLAGS, FS_TOPDIR_FL, spread_subfolders
+from stockade.workspace.spread import (
+    FS_IOC_GETFLAGS,
+    FS_IOC_SETFLAGS,
+    FS_TOPDIR_FL,
+    spread_subfolders,
+)
 
 pytestmark = pytest.mark.skipif(os.uname().sysname != "Linux", reason="Linux inode flags")
 
@@ -30,7 +36,7 @@ def fs_type(path: Path) -> str:
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
         for line in f:
             left, _, right = line.partition(" - ")
-            point = left.split()[4].encode().decode("unicode_escape")
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), left.split()[4])
             if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
                 best, kind = point, right.split()[0]
     return kind
@@ -48,6 +54,11 @@ def topdir(path: Path | str) -> bool:
 @pytest.fixture
 def ext4(tmp_path: Path) -> bool:
     return fs_type(tmp_path) in ("ext2", "ext3", "ext4")
+
+
+def test_the_ioctl_numbers_are_linux_fs_h_ones() -> None:
+    if struct.calcsize("l") == 8:
+        assert (FS_IOC_GETFLAGS, FS_IOC_SETFLAGS) == (0x80086601, 0x40086602)
 
 
 def test_the_flag_is_set_where_ext4_takes_it_and_reported_unset_elsewhere(
