@@ -18,7 +18,9 @@ the engine four new folders (the item, ``meta/``, ``work/``, ``out/``)
 against three for the anchor (the item, ``work/``, ``out/``), and the ratio
 depends on the filesystem: on an ext4 without a journal that has just
 deleted many files the kernel's inode allocator dominates (seen with
-``perf``); compare with ``TMPDIR=/dev/shm`` or a freshly made filesystem.
+``perf``). The engine's step folders ask ext4 to spread their items
+(``workspace.spread``), the anchor's parent does not; compare with
+``TMPDIR=/dev/shm`` or a freshly made filesystem.
 """
 
 from __future__ import annotations
