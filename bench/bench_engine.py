@@ -51,25 +51,31 @@ finally:
 """
 
 
+def over_numbers(name: str, n: int, step: str, body: str, *, first: str = "") -> str:
+    """A workflow whose ``gather`` writes the numbers 0..n-1 (after the command
+    ``first``, if any) and whose ``step`` takes them as its items; ``body``: that
+    step's further lines, indented four spaces."""
+    before = f"      {first}\n" if first else ""
+    return f"""name: {name}
+steps:
+  - id: gather
+    run: |
+{before}      python3 -c "import json; print(json.dumps(list(range({n}))))" > out/items.json
+  - id: {step}
+    needs: [gather]
+    for_each: "{{{{ steps.gather.outputs['items.json'] | from_json }}}}"
+{body}"""
+
+
 def workflow(n: int, marker: Path, keep: bool) -> str:
-    decide = """
-  - id: decide
+    decide = """  - id: decide
     needs: [fan]
     for_each: "{{ steps.fan.items }}"
     keep: "{{ item.result | int % 2 == 0 }}"
 """ if keep else ""
-    return f"""name: enginebench
-steps:
-  - id: gather
-    run: |
-      date +%s.%N > {marker}
-      python3 -c "import json; print(json.dumps(list(range({n}))))" > out/items.json
-  - id: fan
-    needs: [gather]
-    for_each: "{{{{ steps.gather.outputs['items.json'] | from_json }}}}"
-    inputs: {{n.txt: "{{{{ item }}}}"}}
-    run: cat n.txt
-{decide}"""
+    return over_numbers("enginebench", n, "fan",
+                        '    inputs: {n.txt: "{{ item }}"}\n    run: cat n.txt\n' + decide,
+                        first=f"date +%s.%N > {marker}")
 
 
 def run(tmp: Path, n: int, jobs: int, keep: bool = False) -> dict[str, float]:

@@ -26,21 +26,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_engine import WRAPPER, keep_speed
+from bench_engine import WRAPPER, keep_speed, over_numbers
 
 HERE = Path(__file__).resolve().parents[1] / "src"
 
 
 def workflow(n: int) -> str:
-    return f"""name: keepbench
-steps:
-  - id: gather
-    run: python3 -c "import json; print(json.dumps(list(range({n}))))" > out/items.json
-  - id: decide
-    needs: [gather]
-    for_each: "{{{{ steps.gather.outputs['items.json'] | from_json }}}}"
-    keep: "{{{{ item | int % 2 == 0 }}}}"
-"""
+    return over_numbers("keepbench", n, "decide", '    keep: "{{ item | int % 2 == 0 }}"\n')
 
 
 def run(tmp: Path, n: int, src: Path) -> tuple[float, float]:

@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench_engine import over_numbers
+
 #: Run in the measured interpreter: the CLI, then each thread's CPU at exit.
 WRAPPER = """
 import atexit, json, os, runpy, sys, threading, time
@@ -59,16 +61,8 @@ runpy.run_module("stockade.cli.main", run_name="__main__")
 
 
 def workflow(n: int) -> str:
-    return f"""name: threadbench
-steps:
-  - id: gather
-    run: python3 -c "import json; print(json.dumps(list(range({n}))))" > out/items.json
-  - id: fan
-    needs: [gather]
-    for_each: "{{{{ steps.gather.outputs['items.json'] | from_json }}}}"
-    inputs: {{n.txt: "{{{{ item }}}}"}}
-    run: cat n.txt
-"""
+    return over_numbers("threadbench", n, "fan",
+                        '    inputs: {n.txt: "{{ item }}"}\n    run: cat n.txt\n')
 
 
 def one(python: str, n: int, backend: str) -> dict[str, float]:
