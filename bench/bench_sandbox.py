@@ -82,16 +82,13 @@ class Row:
         return f"{min(self.round_ratios):.2f}-{max(self.round_ratios):.2f}"
 
 
-#: ``--spread-anchors``: the anchors' item folders are made under a parent with
-#: ``FS_TOPDIR_FL``, as the engine makes its own (``workspace.spread``), so that
-#: neither side pays ext4's scan past recently removed inodes.
-SPREAD_ANCHORS = False
-
-
-def _make_items(base: Path, n: int) -> list[Path]:
+def _make_items(base: Path, n: int, spread: bool = False) -> list[Path]:
+    """``spread`` (``--spread-anchors``): under a parent with ``FS_TOPDIR_FL``, as
+    the engine makes its own (``workspace.spread``), so that neither side pays
+    ext4's scan past recently removed inodes."""
     base.mkdir(parents=True)
     base.chmod(0o755)
-    if SPREAD_ANCHORS:
+    if spread:
         spread_subfolders(str(base))
     dirs = []
     for i in range(n):
@@ -156,7 +153,8 @@ def _ours(backend_name: str, dirs: list[Path], jobs: int) -> float:
     return elapsed * len(dirs) / (len(dirs) - warm)
 
 
-def run(backends: list[str], items: int, jobs: int, rounds: int = 5) -> list[Row]:
+def run(backends: list[str], items: int, jobs: int, rounds: int = 5,
+        spread: bool = False) -> list[Row]:
     """Alternate anchor and ours in ``rounds`` chunks so background load hits both alike."""
     rows = []
     chunk = max(items // rounds, 10)
@@ -169,8 +167,8 @@ def run(backends: list[str], items: int, jobs: int, rounds: int = 5) -> list[Row
         anchor = ours = 0.0
         try:
             for r in range(rounds):
-                anchor_dirs = _make_items(base / f"anchor{r}", chunk)
-                our_dirs = _make_items(base / f"ours{r}", chunk)
+                anchor_dirs = _make_items(base / f"anchor{r}", chunk, spread)
+                our_dirs = _make_items(base / f"ours{r}", chunk, spread)
                 anchor += _anchor(ANCHORS[name][0], anchor_dirs, jobs)
                 ours += _ours(name, our_dirs, jobs)
                 assert all((d / "work" / "out" / "x").exists() for d in our_dirs)
@@ -185,7 +183,8 @@ def run(backends: list[str], items: int, jobs: int, rounds: int = 5) -> list[Row
 ANCHORS = {"bwrap": ("bwrap", "bare"), "landlock": ("bare", "bwrap"), "none": ("bare",)}
 
 
-def run_engine(backends: list[str], items: int, jobs: int, rounds: int = 3) -> list[Row]:
+def run_engine(backends: list[str], items: int, jobs: int, rounds: int = 3,
+               spread: bool = False) -> list[Row]:
     """Whole ``stockade run`` fan-outs against each anchor, alternating, medians."""
     from bench_fanout import COMMAND as FANOUT_COMMAND
     from bench_fanout import run_stockade
@@ -204,7 +203,7 @@ def run_engine(backends: list[str], items: int, jobs: int, rounds: int = 3) -> l
                     # The engine makes its item folders inside its timing, so
                     # the anchor's folder creation is timed too.
                     t0 = time.perf_counter()
-                    dirs = _make_items(tmp / f"{kind}{r}", items)
+                    dirs = _make_items(tmp / f"{kind}{r}", items, spread)
                     made = time.perf_counter() - t0
                     anchors[kind].append(made + _anchor(kind, dirs, jobs, FANOUT_COMMAND))
                     shutil.rmtree(tmp / f"{kind}{r}")
@@ -227,19 +226,18 @@ def main() -> None:
     ap.add_argument("--backend", action="append", choices=["bwrap", "landlock", "none"])
     ap.add_argument("--engine", action="store_true", help="time whole `stockade run`s")
     ap.add_argument("--spread-anchors", action="store_true",
-                    help="make the anchors' item folders under a spread parent, as the engine's")
+                    help="make the item folders the bench makes (the anchors'; in backend "
+                         "mode ours too) under a spread parent, as the engine makes its own")
     args = ap.parse_args()
-    global SPREAD_ANCHORS
-    SPREAD_ANCHORS = args.spread_anchors
     backends = args.backend or ["bwrap", "landlock"]
     if args.engine:
-        rows = run_engine(backends, args.items, args.jobs, args.rounds)
+        rows = run_engine(backends, args.items, args.jobs, args.rounds, args.spread_anchors)
     else:
-        rows = run(backends, args.items, args.jobs, args.rounds)
+        rows = run(backends, args.items, args.jobs, args.rounds, args.spread_anchors)
     what = "stockade run (whole engine)" if args.engine else "Backend.start + wait"
     print(f"{what}; anchors run by xargs -P{args.jobs}: bwrap = raw bwrap per item, "
           "bare = the command alone, unsandboxed"
-          + ("; anchors' folders under a spread parent" if SPREAD_ANCHORS else ""))  # fmt: skip
+          + ("; anchors' folders under a spread parent" if args.spread_anchors else ""))  # fmt: skip
     print(f"{'backend':<10} {'anchor':<7} {'items':>6} {'jobs':>4} {'anchor s':>9} {'ours s':>8} "
           f"{'ratio':>6} {'rounds':>10} {'overhead ms/item':>17}")  # fmt: skip
     for r in rows:
