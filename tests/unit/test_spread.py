@@ -143,3 +143,20 @@ def test_a_run_spreads_each_steps_item_folders(tmp_path: Path, ext4: bool,
     if ext4:
         assert topdir(run / "one") and topdir(run / "fan")
         assert not topdir(run / "fan" / "0")
+
+
+def test_a_dask_workers_job_folders_are_spread(tmp_path: Path, ext4: bool,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from stockade.runner import worker
+
+    base = tmp_path / "worker"
+    monkeypatch.setenv(worker.SCRATCH_ENV, str(base))
+    assert worker.scratch_base() == base
+    before = worker._spread_once.cache_info()
+    assert worker.scratch_base() == base  # the next job: no second ioctl
+    after = worker._spread_once.cache_info()
+    assert (after.hits, after.misses) == (before.hits + 1, before.misses)
+    job = base / "job-1"
+    job.mkdir()
+    if ext4:
+        assert topdir(base) and not topdir(job)
