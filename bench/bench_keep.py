@@ -7,7 +7,9 @@ next keeps the even ones. Items per second are taken from the run's own
 ``step_started`` and ``step_finished`` events (the step, not the process's
 start and end), with the engine's peak RSS. Each round also times the anchor
 (``ANCHOR``: the rule alone, evaluated by Jinja in a loop), and the figure is
-reported as how many times as long the engine takes per item.
+reported as how many times as long the engine takes per item. Last, the time
+per item is split into the rule alone, the store alone (``STORE_ALONE``: the
+same records written in the engine's batches, no engine) and the rest.
 
 ``--against SRC`` runs another source tree (a ``git worktree`` of an older
 commit: its ``src`` folder) in alternating rounds, so that both see the same
@@ -49,6 +51,38 @@ kept = [v for v in range(n) if rule(item=v) is True]
 assert len(kept) == (n + 1) // 2
 print(n / (time.perf_counter() - t0))
 """
+
+
+#: The store alone: the records such a keep: writes (a boolean result, a
+#: number value, kept or dropped), in the engine's batches, into a fresh
+#: SQLite store; prints microseconds per record.
+STORE_ALONE = """
+import sys, tempfile, time
+from stockade.runner.engine import FLUSH_EVERY
+from stockade.store.base import ItemRecord, RunRecord
+from stockade.store.sqlite import SQLiteStore
+n = int(sys.argv[1])
+with tempfile.TemporaryDirectory() as d:
+    store = SQLiteStore(d + "/stockade.db")
+    run = "01a23520-c45a-7888-afc5-d725db5035a3"
+    store.create_run(RunRecord(run, "keepbench", "wf.yaml", "0" * 64, d, "running", time.time()))
+    now = time.time()
+    records = [(ItemRecord(run, "decide", i, "succeeded", 1, result=i % 2 == 0, value=i,
+                           message="kept" if i % 2 == 0 else "dropped", started_at=now + i * 1e-5,
+                           ended_at=now + i * 1e-5, key=str(i)), []) for i in range(n)]
+    t0 = time.perf_counter()
+    for at in range(0, n, FLUSH_EVERY):
+        store.record_batch([], records[at:at + FLUSH_EVERY])
+    print((time.perf_counter() - t0) / n * 1e6)
+    store.close()
+"""
+
+
+def store_alone(n: int, src: Path) -> float:
+    """Microseconds per record of ``STORE_ALONE`` with the engine from ``src``."""
+    p = subprocess.run([sys.executable, "-c", STORE_ALONE, str(n)], capture_output=True,
+                       text=True, check=True, env={**os.environ, "PYTHONPATH": str(src)})
+    return float(p.stdout)
 
 
 def workflow(n: int) -> str:
@@ -112,6 +146,12 @@ def main() -> None:
     print(f"anchor (the rule alone, in a loop): median {statistics.median(anchors):,.0f} items/s; "
           f"this takes {statistics.median(slower):.2f} times as long per item (rounds "
           f"{min(slower):.2f}-{max(slower):.2f})")
+    per_item = 1e6 / statistics.median(s for s, _ in results["this"])
+    rule = 1e6 / statistics.median(anchors)
+    store = statistics.median(store_alone(args.items, HERE) for _ in range(3))
+    print(f"per item: this {per_item:.1f} us = the rule alone {rule:.1f} us + the store alone "
+          f"{store:.1f} us (its records in the engine's batches, median of 3) + the rest "
+          f"{per_item - rule - store:.1f} us; 20,000 items/s is 50 us")
     if args.against is not None:
         ratios = [a[0] / b[0] for a, b in zip(results["this"], results["against"], strict=True)]
         print(f"this / against: median {statistics.median(ratios):.3f} "
