@@ -22,9 +22,17 @@ from stockade.workspace.spread import (
     FS_IOC_GETFLAGS,
     FS_IOC_SETFLAGS,
     FS_TOPDIR_FL,
+    _ioc,
     inode_flags,
+    make_spread_folder,
     spread_subfolders,
 )
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 pytestmark = pytest.mark.skipif(os.uname().sysname != "Linux", reason="Linux inode flags")
 
@@ -55,10 +63,29 @@ def ext4(tmp_path: Path) -> bool:
     return fs_type(tmp_path) in ("ext2", "ext3", "ext4")
 
 
-def test_the_ioctl_numbers_are_linux_fs_h_ones() -> None:
-    # linux/fs.h's values for a 64-bit and a 32-bit long.
-    expected = {8: (0x80086601, 0x40086602), 4: (0x80046601, 0x40046602)}
-    assert expected[struct.calcsize("l")] == (FS_IOC_GETFLAGS, FS_IOC_SETFLAGS)
+@pytest.mark.parametrize(("long_size", "get", "set_"), [
+    (8, 0x80086601, 0x40086602),  # linux/fs.h's values for a 64-bit long
+    (4, 0x80046601, 0x40046602),  # and for a 32-bit one
+])
+def test_the_ioctl_numbers_are_linux_fs_h_ones(long_size: int, get: int, set_: int) -> None:
+    assert (_ioc(2, 1, long_size), _ioc(1, 2, long_size)) == (get, set_)
+    if struct.calcsize("l") == long_size:
+        assert (get, set_) == (FS_IOC_GETFLAGS, FS_IOC_SETFLAGS)
+
+
+def test_a_folder_is_spread_by_the_call_that_makes_it_and_only_by_it(
+    tmp_path: Path, ext4: bool
+) -> None:
+    made = tmp_path / "a" / "b" / "step"
+    assert make_spread_folder(str(made), 0o700) is True
+    assert made.is_dir() and made.stat().st_mode & 0o777 == 0o700 & ~_umask()
+    assert not make_spread_folder(str(made))  # there already: nothing to do
+    there = tmp_path / "there"
+    there.mkdir()
+    assert make_spread_folder(str(there)) is False
+    if ext4:
+        assert topdir(made)
+        assert not topdir(there) and not topdir(made.parent)  # left as they were
 
 
 def test_the_flag_is_set_where_ext4_takes_it_and_reported_unset_elsewhere(
@@ -119,6 +146,8 @@ def test_items_of_a_new_step_made_at_once_all_get_their_folders(tmp_path: Path, 
     assert sorted(os.listdir(run.path / "wide")) == [str(i) for i in range(8)]
     assert all(os.path.isdir(run.path / "wide" / str(i) / ".next" / "out") for i in range(8))
     if ext4:
+        assert topdir(run.path / "wide")  # whichever thread made it spread it
+    if ext4:
         assert topdir(run.path / "wide")
 
 
@@ -145,18 +174,15 @@ def test_a_run_spreads_each_steps_item_folders(tmp_path: Path, ext4: bool,
         assert not topdir(run / "fan" / "0")
 
 
-def test_a_dask_workers_job_folders_are_spread(tmp_path: Path, ext4: bool,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dask_workers_scratch_folder_spreads_its_job_folders(
+    tmp_path: Path, ext4: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from stockade.runner import worker
 
     base = tmp_path / "worker"
     monkeypatch.setenv(worker.SCRATCH_ENV, str(base))
     assert worker.scratch_base() == base
-    before = worker._spread_once.cache_info()
-    assert worker.scratch_base() == base  # the next job: no second ioctl
-    after = worker._spread_once.cache_info()
-    assert (after.hits, after.misses) == (before.hits + 1, before.misses)
-    job = base / "job-1"
-    job.mkdir()
+    assert base.stat().st_mode & 0o777 == 0o700 & ~_umask()
+    assert worker.scratch_base() == base  # the next job finds it as it was
     if ext4:
-        assert topdir(base) and not topdir(job)
+        assert topdir(base)

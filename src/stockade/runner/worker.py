@@ -23,7 +23,6 @@ Must not import the engine, the executors or the CLI.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import shutil
 import socket
@@ -49,7 +48,7 @@ from stockade.runner.transfer import pack, pack_bytes, unpack
 from stockade.sandbox.base import Backend
 from stockade.sandbox.policy import Policy
 from stockade.workspace.artifacts import OutputRefused, collect_outputs
-from stockade.workspace.spread import spread_subfolders
+from stockade.workspace.spread import make_spread_folder
 
 SCRATCH_ENV = "STOCKADE_WORKER_SCRATCH"
 #: How often a running jail checks whether its attempt was cancelled.
@@ -74,18 +73,11 @@ def scratch_base() -> Path:
     """This worker's own scratch folder (private to its user).
 
     Its job folders are unrelated trees, each made and removed with its job,
-    so ext4 is asked to spread them, as a run's step folders do
-    (``workspace.spread``)."""
+    so the worker that makes it asks ext4 to spread them, as a run's step
+    folders do (``workspace.spread``)."""
     base = Path(os.environ.get(SCRATCH_ENV) or Path(tempfile.gettempdir()) / "stockade-worker")
-    base.mkdir(mode=0o700, parents=True, exist_ok=True)
-    _spread_once(str(base))
+    make_spread_folder(str(base), 0o700)
     return base
-
-
-@functools.lru_cache(maxsize=8)
-def _spread_once(folder: str) -> bool:
-    # Once per folder, not once per job.
-    return spread_subfolders(folder)
 
 
 def worker_identity() -> tuple[str, str]:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.errors import UserError
-from stockade.workspace.spread import spread_subfolders
+from stockade.workspace.spread import make_spread_folder
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -323,11 +323,8 @@ class ItemDir:
             pass
         except FileNotFoundError:
             # The step's first item: its folder holds unrelated trees, so ext4
-            # is asked to spread them (``spread``); that only changes where
-            # folders made after it go.
-            step = os.path.dirname(self.path)
-            os.makedirs(step, exist_ok=True)
-            spread_subfolders(step)
+            # is asked to spread them (``spread``).
+            make_spread_folder(os.path.dirname(self.path))
             with contextlib.suppress(FileExistsError):
                 os.mkdir(self.path)
 

@@ -30,15 +30,38 @@ import struct
 import sys
 
 
-def _ioc(direction: int, number: int) -> int:
-    """``_IOR``/``_IOW('f', number, long)`` of ``linux/fs.h`` on this platform."""
-    return (direction << 30) | (struct.calcsize("l") << 16) | (ord("f") << 8) | number
+def _ioc(direction: int, number: int, long_size: int = struct.calcsize("l")) -> int:
+    """``_IOR``/``_IOW('f', number, long)`` of ``linux/fs.h``, for a ``long`` of
+    ``long_size`` bytes (this platform's unless told)."""
+    return (direction << 30) | (long_size << 16) | (ord("f") << 8) | number
 
 
 #: Declared with ``long``, though the kernel reads and writes an ``int`` through them.
 FS_IOC_GETFLAGS = _ioc(2, 1)
 FS_IOC_SETFLAGS = _ioc(1, 2)
 FS_TOPDIR_FL = 0x00020000
+
+
+def make_spread_folder(path: str, mode: int = 0o777) -> bool:
+    """Make the folder ``path`` (and any missing parents) to hold unrelated
+    trees, and spread it if this call made it; whether this call made it.
+
+    A folder that already exists is left as it is, flag or no flag: the flag
+    only changes where folders made after it go, and setting it once, where
+    the folder is made, keeps the ioctl off every later caller's path.
+    """
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        return False
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            os.mkdir(path, mode)
+        except FileExistsError:
+            return False
+    spread_subfolders(path)
+    return True
 
 
 def spread_subfolders(path: str) -> bool:
