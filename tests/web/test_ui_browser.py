@@ -279,7 +279,10 @@ def test_crashed_run_shown_as_crashed_and_resumed(project: Project, start_ui: An
                                                   page: Any) -> None:
     wf = project.write("gated.yaml", GATED)
     proc = project.popen("run", str(wf), "--run-id", "crash1", "--jobs", "3")
-    wait_for((project.item("crash1", "gate", 1) / "work").is_dir, "the gated items")
+    # Every gated item must have begun its first attempt before the engine dies:
+    # one that had not would run attempt 1 again on resume and wait for ever.
+    for i in range(3):
+        wait_for((project.item("crash1", "gate", i) / "work").is_dir, f"gate/#{i} to start")
     os.killpg(proc.pid, signal.SIGKILL)  # the engine dies however it dies
     proc.wait()
     ui: UIProcess = start_ui("--allow-actions")
@@ -296,8 +299,18 @@ def test_crashed_run_shown_as_crashed_and_resumed(project: Project, start_ui: An
                            timeout=WAIT_MS)
     page.on("dialog", lambda d: d.accept())
     page.click('button[data-action="resume"]')
-    page.wait_for_function("() => document.querySelector('#run-status').textContent.trim()"
-                           " === 'succeeded'", timeout=120_000)
+    try:
+        page.wait_for_function("() => document.querySelector('#run-status').textContent.trim()"
+                               " === 'succeeded'", timeout=120_000)
+    except Exception as exc:
+        # The resume runs detached: its own output says why it did not succeed,
+        # and it must not outlive the test.
+        log = project.root / "runs" / "crash1" / "ui-resume.log"
+        told = log.read_text(errors="replace") if log.exists() else "(no ui-resume.log)"
+        shown = page.inner_text("#run-status").strip()
+        project.run("cancel", "crash1")
+        raise AssertionError(f"the resumed run shows {shown!r}, not 'succeeded'; "
+                             f"ui-resume.log:\n{told}") from exc
     assert cell(page, "gate", "done") == "3"
 
 
