@@ -469,12 +469,15 @@ def test_lease_release_waits_for_last_user(store: Store) -> None:
 def test_lease_uses_database_clock(store: Store) -> None:
     import time
 
+    # A second long enough that a busy machine cannot let it lapse between
+    # the two acquisitions below; the test then waits it out for real.
+    ttl = 1.0
     before = time.time()
-    lease = store.acquire_lease("L", "a", 0.3)
-    assert lease is not None and before < lease.expires_at < time.time() + 0.3 + 1
-    assert store.acquire_lease("L", "b", 0.3) is None
-    time.sleep(0.35)
-    b = store.acquire_lease("L", "b", 0.3)
+    lease = store.acquire_lease("L", "a", ttl)
+    assert lease is not None and before < lease.expires_at < time.time() + ttl + 1
+    assert store.acquire_lease("L", "b", ttl) is None
+    time.sleep(ttl + 0.05)
+    b = store.acquire_lease("L", "b", ttl)
     assert b is not None and b.token == 2
     assert abs(store.db_now() - time.time()) < 1.0
 

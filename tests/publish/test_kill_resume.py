@@ -155,10 +155,14 @@ def test_kill_9_mid_fanout_then_resume_http(tmp_path: Path,
 RACE = """\
 name: race
 vars:
-  delay: "0"
+  gated: "no"
 steps:
   - id: compute
-    run: sleep {{ vars.delay }}; echo computed
+    run: |
+      if [ "{{ vars.gated }}" = yes ]; then
+        while [ ! -e release ]; do sleep 0.05; done
+      fi
+      echo computed
   - id: publish
     needs: [compute]
     publish:
@@ -173,11 +177,25 @@ def test_older_run_publishing_last_is_fenced(tmp_path: Path) -> None:
     """A starts first but publishes after B: B, the newer run, keeps the row; A's item
     ends fenced, the run exits 1 and names the newer token."""
     (tmp_path / "wf.yaml").write_text(RACE)
-    old = stockade(tmp_path, "run", "wf.yaml", "--run-id", "old", "--var", "delay=2", wait=False)
-    time.sleep(0.5)
-    new = stockade(tmp_path, "run", "wf.yaml", "--run-id", "new")
-    assert new.returncode == 0, new.stderr
-    assert old.wait(timeout=60) == 1
+    old = stockade(tmp_path, "run", "wf.yaml", "--run-id", "old", "--var", "gated=yes",
+                   wait=False)
+    try:
+        # The order is made, not hoped for: A has started (its run record is
+        # written before any item begins) and waits for its release until B is done.
+        gate = tmp_path / "root" / "runs" / "old" / "compute" / "0" / "work"
+        deadline = time.monotonic() + 60
+        while not gate.is_dir():
+            assert old.poll() is None, "the older run ended before its item began"
+            assert time.monotonic() < deadline, "the older run's item never began"
+            time.sleep(0.05)
+        new = stockade(tmp_path, "run", "wf.yaml", "--run-id", "new")
+        assert new.returncode == 0, new.stderr
+        (gate / "release").touch()
+        assert old.wait(timeout=60) == 1
+    finally:
+        if old.poll() is None:
+            old.kill()
+            old.wait()
     assert [r[:3] for r in sink_rows(tmp_path)] == [("today", "new", 1)]
     shown = stockade(tmp_path, "show", "old", "publish/0")
     assert "fenced" in shown.stdout + shown.stderr

@@ -340,24 +340,26 @@ def test_rerun_of_crashed_item_frees_the_lease_even_when_it_refuses(
 
 
 def test_short_ttl_waits_for_a_live_holder(store: Store, tmp_path: Path) -> None:
-    """A keeps its 0.3 s lease alive for 1 s; B, with the same short TTL, waits it out
-    instead of giving up after one TTL, then publishes with the next token."""
+    """A keeps its 0.5 s lease alive for 1.5 s; B, with the same short TTL, waits it out
+    instead of giving up after one TTL, then publishes with the next token.
+
+    A renews every 0.05 s: only a stall of 0.45 s on a busy machine would let B in early."""
     import threading
     import time
 
-    assert store.acquire_lease("wf.publish", "A", 0.3, user="A/publish/0") is not None
+    assert store.acquire_lease("wf.publish", "A", 0.5, user="A/publish/0") is not None
 
     def keep_alive() -> None:
-        end = time.monotonic() + 1.0
+        end = time.monotonic() + 1.5
         while time.monotonic() < end:
-            store.acquire_lease("wf.publish", "A", 0.3, user="A/publish/0")
+            store.acquire_lease("wf.publish", "A", 0.5, user="A/publish/0")
             time.sleep(0.05)
         store.release_lease("wf.publish", "A", user="A/publish/0")
 
     t = threading.Thread(target=keep_alive)
     t.start()
     started = time.monotonic()
-    b = publish(req(tmp_path, "B", lease_ttl=0.3), store, clock=clock)
+    b = publish(req(tmp_path, "B", lease_ttl=0.5), store, clock=clock)
     t.join()
     assert (b.status, b.token) == ("succeeded", 2)
-    assert time.monotonic() - started >= 0.9
+    assert time.monotonic() - started >= 1.4
