@@ -36,21 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-#: Reports the engine's rusage as the command ends; not from an exit handler,
-#: which would make ``stockade`` end the usual slower way (``cli.main._end_now``).
-WRAPPER = """
-import json, os, resource, runpy, sys
-def _report():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    with open(os.environ["BENCH_RUSAGE"], "w") as f:
-        json.dump({"cpu": r.ru_utime + r.ru_stime, "user": r.ru_utime, "sys": r.ru_stime,
-                   "maxrss_mb": r.ru_maxrss / 1024}, f)
-sys.argv = ["stockade", *sys.argv[1:]]
-try:
-    runpy.run_module("stockade.cli.main", run_name="__main__")
-finally:
-    _report()
-"""
+from bench_fanout import WRAPPER
 
 
 def over_numbers(name: str, n: int, step: str, body: str, *, first: str = "") -> str:

@@ -26,12 +26,16 @@ that has just deleted many files, every new inode is slow for a minute or so
 (compare with ``TMPDIR=/dev/shm``). The engine asks ext4 to spread its item
 folders (``workspace.spread``), which avoids most of that; ``--spread-anchors``
 does the same for the anchors' folders, for the comparison without it.
+It also prints the CPU time per item of each side's whole process tree
+(``RUSAGE_CHILDREN``: the engine's fork-server helpers and its jails are
+reaped, so they are in it): with every core busy, wall time follows CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -64,6 +68,12 @@ class Row:
     #: timed next to it, so a disk or host that slows down during the
     #: benchmark does not tilt the result.
     round_ratios: tuple[float, ...] = ()
+    #: CPU seconds (user + system) of each side's whole process tree, medians
+    #: (engine mode): on a host whose cores are all busy, wall time follows them.
+    anchor_cpu_s: float | None = None
+    ours_cpu_s: float | None = None
+    #: Of ``ours_cpu_s``, the engine process alone (the rest: its helpers and jails).
+    ours_engine_cpu_s: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -111,16 +121,31 @@ def _raw_bwrap_argv(command: str = COMMAND) -> list[str]:
     return argv
 
 
+def cpu_of(who: int) -> float:
+    """User + system CPU seconds of this process (``RUSAGE_SELF``) or of its
+    waited-for descendants (``RUSAGE_CHILDREN``: a child's own reaped children
+    are in its figure once it is reaped)."""
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
 def _anchor(kind: str, dirs: list[Path], jobs: int, command: str = COMMAND) -> float:
     """``kind``: ``bwrap`` (raw bwrap per item) or ``bare`` (the command alone)."""
+    return _anchor_timed(kind, dirs, jobs, command)[0]
+
+
+def _anchor_timed(kind: str, dirs: list[Path], jobs: int,
+                  command: str = COMMAND) -> tuple[float, float]:
+    """Wall and CPU seconds of the anchor run (xargs and everything it started)."""
     if kind == "bwrap":
         cmd = ["xargs", f"-P{jobs}", "-I{}", *_raw_bwrap_argv(command)]
     else:
         cmd = ["xargs", f"-P{jobs}", "-I{}", "env", "-C", "{}", "/bin/sh", "-c", command]
     listing = "".join(f"{d / 'work'}\n" for d in dirs).encode()
+    cpu0 = cpu_of(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run(cmd, input=listing, check=True, stdout=subprocess.DEVNULL, env=ENV)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, cpu_of(resource.RUSAGE_CHILDREN) - cpu0
 
 
 def _ours(backend_name: str, dirs: list[Path], jobs: int) -> float:
@@ -194,24 +219,37 @@ def run_engine(backends: list[str], items: int, jobs: int, rounds: int = 3,
         if not get_backend(name).availability().available:
             continue
         anchors: dict[str, list[float]] = {kind: [] for kind in ANCHORS[name]}
+        anchor_cpu: dict[str, list[float]] = {kind: [] for kind in ANCHORS[name]}
         ours: list[float] = []
+        ours_cpu: list[float] = []
+        engine_cpu: list[float] = []
         with tempfile.TemporaryDirectory(prefix="stockade-bench-") as d:
             tmp = Path(d)
             tmp.chmod(0o755)
             for r in range(rounds):
                 for kind in ANCHORS[name]:
                     # The engine makes its item folders inside its timing, so
-                    # the anchor's folder creation is timed too.
+                    # the anchor's folder creation is timed (and its CPU counted) too.
+                    cpu0 = cpu_of(resource.RUSAGE_SELF)
                     t0 = time.perf_counter()
                     dirs = _make_items(tmp / f"{kind}{r}", items, spread)
                     made = time.perf_counter() - t0
-                    anchors[kind].append(made + _anchor(kind, dirs, jobs, FANOUT_COMMAND))
+                    made_cpu = cpu_of(resource.RUSAGE_SELF) - cpu0
+                    wall, cpu = _anchor_timed(kind, dirs, jobs, FANOUT_COMMAND)
+                    anchors[kind].append(made + wall)
+                    anchor_cpu[kind].append(made_cpu + cpu)
                     shutil.rmtree(tmp / f"{kind}{r}")
-                ours.append(run_stockade(tmp, items, name, jobs)["wall"])
+                cpu0 = cpu_of(resource.RUSAGE_CHILDREN)
+                got = run_stockade(tmp, items, name, jobs, engine_cpu=True)
+                ours_cpu.append(cpu_of(resource.RUSAGE_CHILDREN) - cpu0)
+                ours.append(got["wall"])
+                engine_cpu.append(got["engine_cpu_s"])
         for kind, times in anchors.items():
             ratios = tuple(o / a for o, a in zip(ours, times, strict=True))
             rows.append(Row(
-                name, kind, items, jobs, statistics.median(times), statistics.median(ours), ratios
+                name, kind, items, jobs, statistics.median(times), statistics.median(ours), ratios,
+                statistics.median(anchor_cpu[kind]), statistics.median(ours_cpu),
+                statistics.median(engine_cpu),
             ))  # fmt: skip
     return rows
 
@@ -245,6 +283,16 @@ def main() -> None:
             f"{r.backend:<10} {r.anchor:<7} {r.items:>6} {r.jobs:>4} {r.anchor_s:>9.2f} "
             f"{r.ours_s:>8.2f} {r.ratio:>6.2f} {r.spread:>10} {r.overhead_ms:>17.2f}"
         )
+    cpu_rows = [r for r in rows if r.anchor_cpu_s is not None and r.ours_cpu_s is not None]
+    if cpu_rows:
+        print("CPU per item (user + system, every process of each side, medians of the rounds):")
+        for r in cpu_rows:
+            assert r.anchor_cpu_s is not None and r.ours_cpu_s is not None
+            a, o = r.anchor_cpu_s / r.items * 1000, r.ours_cpu_s / r.items * 1000
+            e = (r.ours_engine_cpu_s or 0.0) / r.items * 1000
+            print(f"  {r.backend:<10} {r.anchor:<7} anchor {a:6.2f} ms, ours {o:6.2f} ms "
+                  f"({o / a:.2f}x; {o - a:+.2f} ms) = engine process {e:.2f} ms "
+                  f"+ its helpers and jails {o - e:.2f} ms")
     print(f"(host: {os.cpu_count()} cpus)")
 
 
