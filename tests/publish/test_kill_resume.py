@@ -180,8 +180,9 @@ def test_older_run_publishing_last_is_fenced(tmp_path: Path) -> None:
     old = stockade(tmp_path, "run", "wf.yaml", "--run-id", "old", "--var", "gated=yes",
                    wait=False)
     try:
-        # The order is made, not hoped for: A has started (its run record is
-        # written before any item begins) and waits for its release until B is done.
+        # The order is made, not hoped for: A has started (its start time,
+        # which fencing compares, is fixed before any item begins) and waits
+        # for its release until B is done.
         gate = tmp_path / "root" / "runs" / "old" / "compute" / "0" / "work"
         deadline = time.monotonic() + 60
         while not gate.is_dir():
