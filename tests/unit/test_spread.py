@@ -147,8 +147,6 @@ def test_items_of_a_new_step_made_at_once_all_get_their_folders(tmp_path: Path, 
     assert all(os.path.isdir(run.path / "wide" / str(i) / ".next" / "out") for i in range(8))
     if ext4:
         assert topdir(run.path / "wide")  # whichever thread made it spread it
-    if ext4:
-        assert topdir(run.path / "wide")
 
 
 def test_a_run_spreads_each_steps_item_folders(tmp_path: Path, ext4: bool,
