@@ -92,7 +92,7 @@ class Row:
         return f"{min(self.round_ratios):.2f}-{max(self.round_ratios):.2f}"
 
 
-def _make_items(base: Path, n: int, spread: bool = False) -> list[Path]:
+def make_items(base: Path, n: int, spread: bool = False) -> list[Path]:
     """``spread`` (``--spread-anchors``): under a parent with ``FS_TOPDIR_FL``, as
     the engine makes its own (``workspace.spread``), so that neither side pays
     ext4's scan past recently removed inodes."""
@@ -109,7 +109,7 @@ def _make_items(base: Path, n: int, spread: bool = False) -> list[Path]:
     return dirs
 
 
-def _raw_bwrap_argv(command: str = COMMAND) -> list[str]:
+def raw_bwrap_argv(command: str = COMMAND) -> list[str]:
     layout = scan_host()
     argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
     for d in layout.dirs:
@@ -134,7 +134,7 @@ def _anchor(kind: str, dirs: list[Path], jobs: int,
     """Wall and CPU seconds of the anchor run (xargs and everything it started).
     ``kind``: ``bwrap`` (raw bwrap per item) or ``bare`` (the command alone)."""
     if kind == "bwrap":
-        cmd = ["xargs", f"-P{jobs}", "-I{}", *_raw_bwrap_argv(command)]
+        cmd = ["xargs", f"-P{jobs}", "-I{}", *raw_bwrap_argv(command)]
     else:
         cmd = ["xargs", f"-P{jobs}", "-I{}", "env", "-C", "{}", "/bin/sh", "-c", command]
     listing = "".join(f"{d / 'work'}\n" for d in dirs).encode()
@@ -188,8 +188,8 @@ def run(backends: list[str], items: int, jobs: int, rounds: int = 5,
         anchor = ours = 0.0
         try:
             for r in range(rounds):
-                anchor_dirs = _make_items(base / f"anchor{r}", chunk, spread)
-                our_dirs = _make_items(base / f"ours{r}", chunk, spread)
+                anchor_dirs = make_items(base / f"anchor{r}", chunk, spread)
+                our_dirs = make_items(base / f"ours{r}", chunk, spread)
                 anchor += _anchor(ANCHORS[name][0], anchor_dirs, jobs)[0]
                 ours += _ours(name, our_dirs, jobs)
                 assert all((d / "work" / "out" / "x").exists() for d in our_dirs)
@@ -228,7 +228,7 @@ def run_engine(backends: list[str], items: int, jobs: int, rounds: int = 3,
                     # the anchor's folder creation is timed (and its CPU counted) too.
                     cpu0 = cpu_of(resource.RUSAGE_SELF)
                     t0 = time.perf_counter()
-                    dirs = _make_items(tmp / f"{kind}{r}", items, spread)
+                    dirs = make_items(tmp / f"{kind}{r}", items, spread)
                     made = time.perf_counter() - t0
                     made_cpu = cpu_of(resource.RUSAGE_SELF) - cpu0
                     wall, cpu = _anchor(kind, dirs, jobs, FANOUT_COMMAND)
