@@ -39,3 +39,33 @@ def test_final_run_statuses_are_the_ones_only_a_returning_engine_writes() -> Non
     from stockade.store.base import FINAL_RUN_STATUSES
 
     assert {str(s) for s in RunStatus} - {"running", "crashed"} == FINAL_RUN_STATUSES
+
+
+@pytest.mark.parametrize("value", CASES)
+def test_load_json_reads_what_json_loads_reads(value: Any) -> None:
+    # The literals and integers read without the decoder keep their type:
+    # True is not 1, and 0 is not False.
+    text = dump_json(value)
+    got = load_json(text)
+    assert got == json.loads(text) and type(got) is type(json.loads(text))
+
+
+@pytest.mark.parametrize("text", ["0", "7", "10", "123456789012345678901234567890", "-0", "-12",
+                                  "1e3", "1.0", " 1", '"x"', "[]", "{}"])
+def test_load_json_agrees_with_json_on_any_number_text(text: str) -> None:
+    got = load_json(text)
+    assert got == json.loads(text) and type(got) is type(json.loads(text))
+
+
+@pytest.mark.parametrize("text", ["007", "01", "\uff11", "\u0663", "1 2", "tru", "Null"])
+def test_load_json_refuses_what_json_refuses(text: str) -> None:
+    # A leading zero and non-ASCII digits are not JSON numbers; the fast
+    # path must not read them as integers.
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(text)
+    with pytest.raises(json.JSONDecodeError):
+        load_json(text)
+
+
+def test_load_json_of_no_text_is_none() -> None:
+    assert load_json(None) is None

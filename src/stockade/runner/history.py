@@ -115,21 +115,25 @@ def run_view(store: Store, record: RunRecord) -> RunView:
     return _view(store, record, manifest, by_step, sum_usage(items))
 
 
-def run_summary(store: Store, record: RunRecord, first: int = 20) -> RunView:
+def run_summary(store: Store, record: RunRecord, first: int = 20, *,
+                whole: str | None = None) -> RunView:
     """The run with counts per step and only the first ``first`` items of each
-    (all of an agent step's, whose token usage is summed): what ``show`` prints
-    without ``--all``, answered without reading a 100,000-item run whole."""
+    (all of an agent step's, whose token usage is summed, and all of step
+    ``whole``'s): what ``show`` prints without ``--all``, and what ``show``
+    of a step or an item, ``logs`` and ``why`` need, answered without reading
+    a 100,000-item run whole."""
     manifest = read_manifest(record)
     tallies = {sid: t.counts for sid, t in store.recorded_tallies(record).items()}
     kinds = _declared(manifest)[1]
     by_step: dict[str, list[ItemRecord]] = {}
     usage_items: list[ItemRecord] = []
     for sid in tallies:
-        if kinds.get(sid) == "agent":
+        if kinds.get(sid) == "agent" or sid == whole:
             by_step[sid] = store.items(record.run_id, sid)
-            usage_items += by_step[sid]
+            if kinds.get(sid) == "agent":
+                usage_items += by_step[sid]
         else:
-            by_step[sid] = store.item_page(record.run_id, sid, limit=first)
+            by_step[sid] = store.item_page(record.run_id, sid, limit=first) if first else []
     view = _view(store, record, manifest, by_step, sum_usage(usage_items))
     view.tallies = tallies
     return view

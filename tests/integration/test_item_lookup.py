@@ -1,0 +1,113 @@
+"""Naming one item (``show RUN STEP/KEY``, ``logs``, ``why``) reads that item's
+record, not the run's: on a 100,000-item run, reading every record took
+seconds per command. The store is the real SQLite store; the test records
+which whole steps the commands read, and checks what they print."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from stockade.cli.main import cli
+from stockade.store.sqlite import SQLiteStore
+
+WORKFLOW = """\
+name: lookup
+steps:
+  - id: gather
+    run: echo '[30, 10, 40, 15, 50, 90, 20, 60, 55, 35, 52, 80, 95, 70, 99]' > out/items.json
+  - id: fan
+    needs: [gather]
+    for_each: "{{ steps.gather.outputs['items.json'] | from_json }}"
+    inputs: {n.txt: "{{ item }}"}
+    run: cat n.txt; echo "err {{ item }}" >&2
+"""
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    base = tmp_path_factory.mktemp("lookup")
+    wf = base / "wf.yaml"
+    wf.write_text(WORKFLOW)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("STOCKADE_HOME", str(base / "home"))
+    result = CliRunner().invoke(cli, ["run", str(wf), "--run-id", "lk1", "--sandbox", "none"])
+    assert result.exit_code == 0, result.output
+    yield base / "home"
+    mp.undo()
+
+
+@pytest.fixture()
+def reads(home: Path, monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
+    """The steps ``SQLiteStore.items`` is asked for whole (None: the whole run)."""
+    monkeypatch.setenv("STOCKADE_HOME", str(home))
+    asked: list[str | None] = []
+    real = SQLiteStore.items
+
+    def items(self: SQLiteStore, run_id: str, step: str | None = None) -> list:  # type: ignore[type-arg]
+        asked.append(step)
+        return real(self, run_id, step)
+
+    monkeypatch.setattr(SQLiteStore, "items", items)
+    return asked
+
+
+def cli_run(*args: str) -> tuple[int, str]:
+    r = CliRunner().invoke(cli, list(args))
+    return r.exit_code, r.output
+
+
+@pytest.mark.parametrize(("args", "expect"), [
+    (["show", "lk1", "fan/#4"], "fan/50  (item #4 of run lk1"),
+    (["show", "lk1", "fan/90"], "fan/90  (item #5 of run lk1"),
+    (["show", "lk1", "gather"], "gather/0  (item #0 of run lk1"),
+    (["logs", "lk1", "fan/#2"], "40"),  # n.txt has no newline
+    (["logs", "lk1", "fan/#2", "--stderr"], "err 40\n"),
+    (["why", "lk1", "fan/#2"], "fan/40 attempt 1 (run lk1"),
+])
+def test_one_item_is_read_alone(reads: list[str | None], args: list[str], expect: str) -> None:
+    code, out = cli_run(*args)
+    assert code == 0, out
+    assert out == expect if args[0] == "logs" else expect in out
+    assert reads == [], f"read whole steps {reads} to answer {args}"
+
+
+def test_a_number_that_is_no_key_is_a_position(reads: list[str | None]) -> None:
+    # No item has the key 3: it names the item at position 3 (key 15).
+    code, out = cli_run("show", "lk1", "fan/3", "--json")
+    assert code == 0, out
+    item = json.loads(out)["item"]
+    assert (item["item"], item["key"], item["value"]) == (3, "15", 15)
+    assert reads == []
+
+
+def test_a_steps_listing_reads_that_step_only(reads: list[str | None]) -> None:
+    code, out = cli_run("show", "lk1", "fan", "--json")
+    assert code == 0, out
+    assert [i["item"] for i in json.loads(out)["items"]] == list(range(15))
+    assert reads == ["fan"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["show", "lk1", "fan"], None),  # a listing, not an error
+    (["show", "lk1", "fan/#99"],
+     "run lk1 has no item 'fan/#99' (keys of fan: 30, 10, 40, 15, 50, 90, 20, 60, 55, 35, ...)"),
+    (["logs", "lk1", "fan"],
+     "step 'fan' has 15 items; name one as fan/KEY or fan/#N (keys: 30, 10, 40, 15, 50, 90, "
+     "20, 60, 55, 35, ...)"),
+    (["why", "lk1", "nope/1"], "run lk1 has no step 'nope' with items (steps: gather, fan)"),
+])
+def test_what_is_not_there_is_named_with_what_is(reads: list[str | None], args: list[str],
+                                                  message: str | None) -> None:
+    code, out = cli_run(*args)
+    if message is None:
+        assert code == 0 and "15 succeeded" in out, out
+        return
+    assert code == 2, out
+    assert message in out
+    assert "Traceback" not in out
+    assert None not in reads and "fan" not in reads
