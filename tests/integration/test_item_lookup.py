@@ -5,6 +5,7 @@ which whole steps the commands read, and checks what they print."""
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,6 +91,8 @@ def test_a_steps_listing_reads_that_step_only(reads: list[str | None]) -> None:
     assert code == 0, out
     assert [i["item"] for i in json.loads(out)["items"]] == list(range(15))
     assert reads == ["fan"]
+    # The listing turns the cyclic collector off while it reads, and back on.
+    assert gc.isenabled()
 
 
 @pytest.mark.parametrize(("args", "message"), [
