@@ -305,6 +305,40 @@ def test_notify_posts_once_with_the_failed_items(project: Project) -> None:
     assert isinstance(body["duration"], float)
 
 
+def test_notify_lists_the_first_failures_in_step_order_and_counts_them_all(
+    project: Project
+) -> None:
+    # zeta is declared first: its failures come first, though "alpha" sorts
+    # before it; 28 + 40 failed items, of which the first 50 are listed.
+    _Hook.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+        wf = project.write("wf.yaml", f"""
+            name: many
+            notify: [{{url: {url}, on: [failed]}}]
+            steps:
+              - id: zeta
+                for_each: {list(range(30))}
+                inputs: {{n.txt: "{{{{ item }}}}"}}
+                run: test "$(cat n.txt)" -gt 27
+              - id: alpha
+                for_each: {list(range(40))}
+                run: exit 3
+        """)
+        r = project.run("run", str(wf), "--run-id", "nt2", "--jobs", "2")
+        assert r.code == 1, r.err
+    finally:
+        server.shutdown()
+    assert len(_Hook.received) == 1
+    body = _Hook.received[0][1]
+    assert body["failed_count"] == 68 and body["fenced"] is False
+    listed = [(f["step"], f["key"]) for f in body["failed"]]
+    assert listed == [("zeta", str(i)) for i in range(28)] + [("alpha", str(i)) for i in range(22)]
+    assert {f["message"] for f in body["failed"] if f["step"] == "alpha"} == {"exit status 3"}
+
+
 def test_gc_rm_and_cancel_never_touch_a_running_run(project: Project) -> None:
     wf = project.write("wf.yaml", "name: g\nsteps:\n  - id: a\n    run: echo hi\n")
     slow = project.write("slow.yaml",
