@@ -14,8 +14,11 @@ The package imports it first. Imports nothing of stockade.
 
 from __future__ import annotations
 
+# Not ``signal``: it imports ``enum``, several milliseconds during which a
+# Ctrl-C still meets Python's own handler and prints a traceback (a CI run
+# hit one). ``_signal`` is built in, and ``signal`` wraps its functions.
+import _signal  # type: ignore[import-not-found,unused-ignore]
 import os
-import signal
 import sys
 
 count = 0
@@ -59,7 +62,7 @@ def install_for_command_line() -> None:
     argv0 = sys.argv[0] if sys.argv else ""
     if argv0 == "-m" or os.path.basename(argv0) == "stockade":
         try:  # noqa: SIM105 - contextlib would cost every importer its import
-            signal.signal(signal.SIGINT, quiet_interrupt)
+            _signal.signal(_signal.SIGINT, quiet_interrupt)
         except ValueError:  # not the main thread: its caller owns the signals
             pass
 
