@@ -5,12 +5,14 @@ gc/rm/cancel.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -271,12 +273,21 @@ class _Hook(BaseHTTPRequestHandler):
         pass
 
 
-def test_notify_posts_once_with_the_failed_items(project: Project) -> None:
+@contextlib.contextmanager
+def _hook() -> Iterator[str]:
+    """A real HTTP server on loopback for the block; what is posted to its
+    URL is in ``_Hook.received``."""
     _Hook.received = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+        yield f"http://127.0.0.1:{server.server_address[1]}/hook"
+    finally:
+        server.shutdown()
+
+
+def test_notify_posts_once_with_the_failed_items(project: Project) -> None:
+    with _hook() as url:
         wf = project.write("wf.yaml", f"""
             name: notified
             secrets: [HOOK_TOKEN]
@@ -294,8 +305,6 @@ def test_notify_posts_once_with_the_failed_items(project: Project) -> None:
         """)
         r = project.run("run", str(wf), "--run-id", "nt1", env={"HOOK_TOKEN": "tok-secret-123"})
         assert r.code == 1
-    finally:
-        server.shutdown()
     assert len(_Hook.received) == 1
     headers, body = _Hook.received[0]
     assert headers["Authorization"] == "Bearer tok-secret-123"
@@ -310,11 +319,7 @@ def test_notify_lists_the_first_failures_in_step_order_and_counts_them_all(
 ) -> None:
     # zeta is declared first: its failures come first, though "alpha" sorts
     # before it; 28 + 40 failed items, of which the first 50 are listed.
-    _Hook.received = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    with _hook() as url:
         wf = project.write("wf.yaml", f"""
             name: many
             notify: [{{url: {url}, on: [failed]}}]
@@ -329,8 +334,6 @@ def test_notify_lists_the_first_failures_in_step_order_and_counts_them_all(
         """)
         r = project.run("run", str(wf), "--run-id", "nt2", "--jobs", "2")
         assert r.code == 1, r.err
-    finally:
-        server.shutdown()
     assert len(_Hook.received) == 1
     body = _Hook.received[0][1]
     assert body["failed_count"] == 68 and body["fenced"] is False
