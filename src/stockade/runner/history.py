@@ -128,9 +128,10 @@ def run_summary(store: Store, record: RunRecord, first: int = 20, *,
     by_step: dict[str, list[ItemRecord]] = {}
     usage_items: list[ItemRecord] = []
     for sid in tallies:
-        if kinds.get(sid) == "agent" or sid == whole:
+        agent = kinds.get(sid) == "agent"
+        if agent or sid == whole:
             by_step[sid] = store.items(record.run_id, sid)
-            if kinds.get(sid) == "agent":
+            if agent:
                 usage_items += by_step[sid]
         else:
             by_step[sid] = store.item_page(record.run_id, sid, limit=first) if first else []
