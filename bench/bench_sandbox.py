@@ -129,7 +129,7 @@ def cpu_of(who: int) -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _anchor(kind: str, dirs: list[Path], jobs: int,
+def run_anchor(kind: str, dirs: list[Path], jobs: int,
             command: str = COMMAND) -> tuple[float, float]:
     """Wall and CPU seconds of the anchor run (xargs and everything it started).
     ``kind``: ``bwrap`` (raw bwrap per item) or ``bare`` (the command alone)."""
@@ -190,7 +190,7 @@ def run(backends: list[str], items: int, jobs: int, rounds: int = 5,
             for r in range(rounds):
                 anchor_dirs = make_items(base / f"anchor{r}", chunk, spread)
                 our_dirs = make_items(base / f"ours{r}", chunk, spread)
-                anchor += _anchor(ANCHORS[name][0], anchor_dirs, jobs)[0]
+                anchor += run_anchor(ANCHORS[name][0], anchor_dirs, jobs)[0]
                 ours += _ours(name, our_dirs, jobs)
                 assert all((d / "work" / "out" / "x").exists() for d in our_dirs)
             rows.append(Row(name, ANCHORS[name][0], chunk * rounds, jobs, anchor, ours))
@@ -231,7 +231,7 @@ def run_engine(backends: list[str], items: int, jobs: int, rounds: int = 3,
                     dirs = make_items(tmp / f"{kind}{r}", items, spread)
                     made = time.perf_counter() - t0
                     made_cpu = cpu_of(resource.RUSAGE_SELF) - cpu0
-                    wall, cpu = _anchor(kind, dirs, jobs, FANOUT_COMMAND)
+                    wall, cpu = run_anchor(kind, dirs, jobs, FANOUT_COMMAND)
                     anchors[kind].append(made + wall)
                     anchor_cpu[kind].append(made_cpu + cpu)
                     shutil.rmtree(tmp / f"{kind}{r}")

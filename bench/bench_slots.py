@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench_fanout import COMMAND, workflow
-from bench_sandbox import ENV, make_items, raw_bwrap_argv
+from bench_sandbox import make_items, run_anchor
 
 TRACING = Path("/sys/kernel/tracing")
 EVENTS = ("sched:sched_process_fork", "sched:sched_process_exec", "sched:sched_process_exit")
@@ -217,10 +217,8 @@ def side(text: str, items: int, jobs: int, step: str | None) -> dict[str, float]
 
 def anchor_run(tmp: Path, items: int, jobs: int) -> str:
     dirs = make_items(tmp / "anchor", items)
-    listing = "".join(f"{d / 'work'}\n" for d in dirs).encode()
-    cmd = ["xargs", f"-P{jobs}", "-I{}", *raw_bwrap_argv(COMMAND)]
     with tracing() as text:
-        subprocess.run(cmd, input=listing, check=True, stdout=subprocess.DEVNULL, env=ENV)
+        run_anchor("bwrap", dirs, jobs, COMMAND)
     shutil.rmtree(tmp / "anchor")
     return text[0]
 
