@@ -67,3 +67,21 @@ def _item_lists(value: Any) -> list[list[Any]]:
             found += _item_lists(v)
     return found
 
+
+
+def test_the_exact_text_of_a_step_listing() -> None:
+    # The layout outside the items is json's own, byte for byte; each item is
+    # json's compact form on a line of its own, indented one level further.
+    value = {"id": "s", "counts": {"ok": 2}, "items": [{"b": 1.5, "a": None}, {"k": "é"}]}
+    assert _listing_json(value) == (
+        '{\n'
+        '  "counts": {\n'
+        '    "ok": 2\n'
+        '  },\n'
+        '  "id": "s",\n'
+        '  "items": [\n'
+        '    {"a": null, "b": 1.5},\n'
+        '    {"k": "\\u00e9"}\n'
+        '  ]\n'
+        '}'
+    )
