@@ -24,8 +24,8 @@ import pytest
 
 from stockade.errors import TamperedArtifact, UserError
 from stockade.workspace.artifacts import HostTree, host_file, host_tree, materialise
-from stockade.workspace.beneath import Refused, Walker, create_file, parts_of
-from stockade.workspace.host import git_command, git_env
+from stockade.workspace.beneath import Refused, Walker, create_file, parts_of, read_head
+from stockade.workspace.host import git_command, git_env, write_new_file
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -372,6 +372,73 @@ def test_walker_reuses_open_folders_and_refuses_bad_paths(tmp_path: Path) -> Non
     for bad in ("/abs", "a/../b", "a\0b"):
         with pytest.raises(Refused):
             parts_of(bad)
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("rel", ["top.txt", "one/two/deep.txt"])
+def test_create_file_at_any_depth_refuses_links_and_leaks_no_descriptor(
+        tmp_path: Path, rel: str) -> None:
+    outside = tmp_path / "outside"
+    outside.write_text("host")
+    work = tmp_path / "work"
+    work.mkdir()
+    root = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        before = _open_fds()
+        fd = create_file(root, rel)
+        os.write(fd, b"new")
+        os.close(fd)
+        assert (work / rel).read_bytes() == b"new"
+        with pytest.raises(Refused, match="already exists"):
+            create_file(root, rel)
+        (work / rel).unlink()
+        (work / rel).symlink_to(outside)
+        with pytest.raises(Refused, match="already exists"):
+            create_file(root, rel)
+        assert outside.read_text() == "host"
+        assert _open_fds() == before
+    finally:
+        os.close(root)
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 9, 100_000, (1 << 20) + 3])
+@pytest.mark.parametrize("limit", [8, 1 << 20, 1 << 40])
+def test_read_head_reads_at_most_limit_bytes(tmp_path: Path, size: int, limit: int) -> None:
+    data = secrets.token_bytes(size)
+    path = tmp_path / "capture"
+    path.write_bytes(data)
+    before = _open_fds()
+    # 1 TiB as the limit: nothing is allocated for the bytes that are not there.
+    assert read_head(path, limit) == data[:limit]
+    assert _open_fds() == before
+
+
+def test_read_head_reads_a_file_longer_than_its_stat_size() -> None:
+    # procfs reports size 0 for files that have content.
+    path = "/proc/self/mountinfo"
+    assert os.stat(path).st_size == 0
+    whole = read_head(path, 1 << 30)
+    assert len(whole) > 0 and whole.endswith(b"\n")
+    assert read_head(path, 5) == whole[:5]
+
+
+@pytest.mark.parametrize("size", [0, 3, 5_000_000])
+def test_write_new_file_writes_every_byte_and_never_through_a_link(tmp_path: Path, size: int) -> None:
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    data = secrets.token_bytes(size)
+    before = _open_fds()
+    write_new_file(work, "sub/n.txt", data)
+    assert (work / "sub/n.txt").read_bytes() == data
+    assert _open_fds() == before
+    (work / "planted").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UserError, match="already exists"):
+        write_new_file(work, "planted", b"x")
+    assert not (tmp_path / "elsewhere").exists()
+    assert _open_fds() == before
 
 
 def test_refusal_message_names_the_first_paths_and_counts_the_rest(tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ from stockade.runner.transfer import pack, pack_bytes, unpack
 from stockade.sandbox.base import Backend
 from stockade.sandbox.policy import Policy
 from stockade.workspace.artifacts import OutputRefused, collect_outputs
+from stockade.workspace.beneath import read_head
 from stockade.workspace.spread import make_spread_folder
 
 SCRATCH_ENV = "STOCKADE_WORKER_SCRATCH"
@@ -187,8 +188,7 @@ def _records(meta: Path) -> list[tuple[str, os.stat_result]]:
 def _capture(path: Path, name: str, masker: Masker, artifacts: str | None,
              prefix: str) -> Blob | None:
     try:
-        with open(path, "rb") as f:
-            data = f.read(CAPTURE_MAX + 1)
+        data = read_head(path, CAPTURE_MAX + 1)
     except FileNotFoundError:
         return None
     if len(data) > CAPTURE_MAX:

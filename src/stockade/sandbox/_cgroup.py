@@ -129,8 +129,17 @@ def _write(path: str, value: str) -> None:
 
 
 def _read(path: str) -> str:
-    with open(path) as f:
-        return f.read()
+    # Unbuffered: a text file object costs five more system calls (fstat
+    # twice, ioctl, lseek twice) per read, and the engine reads a jail's
+    # cgroup.events after every item.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
 
 
 @dataclass

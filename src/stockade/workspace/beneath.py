@@ -188,6 +188,34 @@ def sha256_fd(fd: int) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
+def read_head(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The first ``limit`` bytes of the file at ``path`` (all of it if shorter).
+
+    Called for every item (its stdout capture): ``open(path).read(limit)``
+    would allocate ``limit`` bytes up front (an ``mmap`` of 4 MiB and more,
+    then ``munmap`` and a TLB shootdown across the engine's threads) and make
+    three more system calls to set up a buffer that is read once. Reads are
+    sized from ``fstat`` and stop at a short read or end of file.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks: list[bytes] = []
+        got = 0
+        want = min(os.fstat(fd).st_size + 1, limit)
+        while got < limit:
+            chunk = os.read(fd, max(1, min(want, limit - got)))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+            if len(chunk) < want:
+                break  # a regular file reads short only at its end
+            want = CHUNK  # it grew since fstat: go on in chunks
+    finally:
+        os.close(fd)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
 def copy_fd(src: int, dst: int) -> tuple[str, int]:
     """Copy ``src`` to ``dst``; the sha256 and size of exactly the bytes written."""
     h = hashlib.sha256()
@@ -230,10 +258,13 @@ def create_file(root_fd: int, rel: str, mode: int = 0o644) -> int:
     parts = parts_of(rel)
     if not parts:
         raise Refused(rel, "names the folder itself, not a file")
-    parent = make_folders(root_fd, parts[:-1], rel)
+    # A name with no folders (the usual input) is opened in ``root_fd``
+    # itself: ``make_folders`` would duplicate it only to close it again.
+    parent = make_folders(root_fd, parts[:-1], rel) if len(parts) > 1 else root_fd
     try:
         return os.open(parts[-1], CREATE_FLAGS, mode, dir_fd=parent)
     except FileExistsError:
         raise Refused(rel, f"{rel} already exists") from None
     finally:
-        os.close(parent)
+        if parent != root_fd:
+            os.close(parent)

@@ -41,6 +41,7 @@ from stockade.workspace.artifacts import (
     materialise,
     to_json_value,
 )
+from stockade.workspace.beneath import read_head
 
 #: Results larger than this are cut in the store (the full stdout stays in meta/).
 MAX_RESULT = 4 << 20
@@ -273,8 +274,7 @@ def run_jail(
 
 def read_result(path: Path) -> str:
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_RESULT + 1)
+        data = read_head(path, MAX_RESULT + 1)
     except FileNotFoundError:
         return ""  # a masked capture is created on its first byte
     text = data[:MAX_RESULT].decode("utf-8", errors="replace")
