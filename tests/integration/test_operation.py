@@ -235,6 +235,38 @@ def test_on_item_failure_continue_runs_the_join_on_the_good_items(project: Proje
     assert steps["each"]["counts"] == {"succeeded": 3, "failed": 1}
 
 
+def test_a_keep_rule_that_fails_on_some_items_names_its_line_and_keeps_the_rest(
+        project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: decide
+        vars: {n: "[1, 0, 2, 3, 4, 6]"}
+        steps:
+          - id: pick
+            for_each: "{{ vars.n | from_json }}"
+            on_item_failure: continue
+            keep: "{{ item if item == 3 else (10 // item) % 2 == 1 }}"
+          - id: after
+            needs: [pick]
+            inputs: {kept.json: "{{ steps.pick.result }}"}
+            run: cat kept.json
+    """)
+    line = next(n for n, text in enumerate(wf.read_text().splitlines(), 1) if "keep:" in text)
+    where = f"{wf}:{line}:"
+    r = project.run("run", str(wf), "--run-id", "k1")
+    assert r.code == 1
+    items = project.run("show", "k1", "pick", "--json").json()["items"]
+    got = [(i["key"], i["status"], i["result"], i["message"]) for i in items]
+    assert [g[:3] for g in got] == [("1", "succeeded", False), ("0", "errored", None),
+                                    ("2", "succeeded", True), ("3", "errored", None),
+                                    ("4", "succeeded", False), ("6", "succeeded", True)]
+    assert [g[3] for g in got if g[1] == "succeeded"] == ["dropped", "kept", "dropped", "kept"]
+    zero, three = (g[3] for g in got if g[1] == "errored")
+    assert zero.startswith(where) and zero.endswith(
+        ": ZeroDivisionError: integer division or modulo by zero")
+    assert three.startswith(where) and three.endswith(": keep: must render true or false, got int")
+    assert json.loads(project.run("logs", "k1", "after").out) == [2, 6]
+
+
 def test_templated_leases_let_parallel_backfills_both_publish(project: Project) -> None:
     wf = project.write("wf.yaml", """
         name: backfill

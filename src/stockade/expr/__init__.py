@@ -34,6 +34,7 @@ from stockade.expr.template import (
     compile_template,
     render,
     render_value,
+    renderer,
 )
 
 __all__ = [
@@ -54,5 +55,6 @@ __all__ = [
     "lines",
     "render",
     "render_value",
+    "renderer",
     "to_json",
 ]

@@ -250,6 +250,48 @@ def render(
         return ctx[t._bare]
     values: dict[str, Any] = dict(ctx)
     values.update(_globals(functions))
+    return _render_values(t, values, shell)
+
+
+def renderer(
+    t: Template,
+    ctx: Mapping[str, Any],
+    name: str,
+    *,
+    functions: Mapping[str, Callable[..., Any]] = {},
+) -> Callable[[Any], Any]:
+    """``lambda v: render(t, {**ctx, name: v}, functions=functions)``, for many values.
+
+    A ``keep:`` renders one rule for each of 100,000 items whose contexts
+    differ only in ``item``: the names a template sees are gathered once here,
+    not copied for every item. Each call still has its own limits (a fresh
+    weigher) and raises what ``render`` would.
+    """
+    if not t.is_template:
+        return lambda value: t.source
+    g = _globals(functions)
+    if t._bare is not None and t._bare not in functions and t._bare not in BUILTIN_FUNCTIONS:
+        if t._bare == name:
+            return lambda value: value
+        if t._bare in ctx:
+            found = ctx[t._bare]
+            return lambda value: found
+    values: dict[str, Any] = dict(ctx)
+    values.update(g)
+    if name in g:
+        # A function of that name wins over the value, as in ``render``.
+        return lambda value: _render_values(t, values, False)
+
+    def one(value: Any) -> Any:
+        # Jinja reads ``values`` as its context's parent and never writes
+        # to it: only this name changes from one call to the next.
+        values[name] = value
+        return _render_values(t, values, False)
+
+    return one
+
+
+def _render_values(t: Template, values: dict[str, Any], shell: bool) -> Any:
     token = new_weigher()
     try:
         if t.whole and not shell:

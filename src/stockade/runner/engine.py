@@ -41,7 +41,7 @@ from stockade.runner.attempt import (
 )
 from stockade.runner.executor import Executor
 from stockade.runner.keys import check_key, item_keys
-from stockade.runner.kinds import is_inline, kind_of, makes_attempt_folders
+from stockade.runner.kinds import inline_kind, is_inline, makes_attempt_folders
 from stockade.runner.kinds.process import (
     network_mode,
     resources_of,
@@ -475,11 +475,14 @@ class Engine:
         """
         sr = self.steps[action.step]
         step = sr.step
-        run = kind_of(step).run
+        items = [sr.items[index] for index in action.indexes]
+        outs = inline_kind(step).run_all(
+            step, self.context(step),
+            [(it.value, it.base + try_) for it, try_ in zip(items, action.tries, strict=True)],
+            self.ctx)
         ended: list[tuple[int, AttemptStatus, bool]] = []
-        for index, try_ in zip(action.indexes, action.tries, strict=True):
-            it = sr.items[index]
-            out = it.outcome = run(self._attempt(step, it, try_))
+        for index, it, out in zip(action.indexes, items, outs, strict=True):
+            it.outcome = out
             ended.append((index, out.status, out.retryable))
         return self.scheduler.handle(InlineEnded(action.step, tuple(ended), self.ctx.clock()))
 

@@ -10,9 +10,10 @@ Must not import the engine, the executors or the CLI.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Protocol, cast
 
-from stockade.runner.attempt import Attempt, Outcome
+from stockade.runner.attempt import Attempt, Outcome, RunContext
 from stockade.spec.model import Step
 
 
@@ -28,6 +29,16 @@ class StepKind(Protocol):
     def action(self, attempt: Attempt) -> Any:
         """What the item will do, rendered (the command; the agent settings and prompt):
         part of its reuse key."""
+        ...
+
+
+class InlineKind(StepKind, Protocol):
+    """An inline kind also decides a batch of items at once, without attempts."""
+
+    def run_all(self, step: Step, context: Mapping[str, Any],
+                items: Sequence[tuple[Any, int]], run: RunContext) -> list[Outcome]:
+        """The outcome of each (value, attempt number) of ``items``; ``context``
+        is what every item's template sees but ``item``."""
         ...
 
 
@@ -68,6 +79,12 @@ def is_inline(step: Step) -> bool:
     return step.kind == "keep"
 
 
+def inline_kind(step: Step) -> InlineKind:
+    """``kind_of`` for an inline step."""
+    assert is_inline(step), step.kind
+    return cast(InlineKind, kind_of(step))
+
+
 def makes_attempt_folders(step: Step) -> bool:
     """Whether an attempt of ``step`` begins by making the item's folders
     (``ItemDir.begin_attempt``, through ``process.in_jail``): those the engine
@@ -75,4 +92,4 @@ def makes_attempt_folders(step: Step) -> bool:
     return step.kind in ("run", "agent")
 
 
-__all__ = ["StepKind", "is_inline", "kind_of", "makes_attempt_folders"]
+__all__ = ["InlineKind", "StepKind", "inline_kind", "is_inline", "kind_of", "makes_attempt_folders"]

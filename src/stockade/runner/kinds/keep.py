@@ -9,12 +9,21 @@ Must not import the engine, the executors or the CLI.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from stockade.errors import UserError
-from stockade.expr import compile_template, render
-from stockade.runner.attempt import ITEM_ERRORS, Attempt, Outcome, error_message, refused
+from stockade.expr import compile_template, renderer
+from stockade.runner.attempt import (
+    ITEM_ERRORS,
+    Attempt,
+    Outcome,
+    RunContext,
+    error_message,
+    refused,
+)
 from stockade.runner.status import AttemptStatus
+from stockade.spec.model import Step
 
 
 class Keep:
@@ -25,19 +34,45 @@ class Keep:
         """Never reused: no action to key."""
 
     def run(self, attempt: Attempt) -> Outcome:
-        rule = attempt.step.keep
+        context = {k: v for k, v in attempt.context.items() if k != "item"}
+        return self.run_all(attempt.step, context, [(attempt.value, attempt.number)],
+                            attempt.run)[0]
+
+    def run_all(self, step: Step, context: Mapping[str, Any],
+                items: Sequence[tuple[Any, int]], run: RunContext) -> list[Outcome]:
+        """``run`` for a batch of the step's items: the same outcomes, the same
+        messages. ``context`` is what every item sees but ``item``; ``items``
+        are (value, attempt number) pairs.
+
+        The rule is compiled and its names gathered once for the batch, and
+        no ``Attempt`` is made: in a ``keep:`` over 100,000 items, building
+        each item's attempt and context was a third of the step's time.
+        """
+        rule = step.keep
         assert isinstance(rule, str)
-        now = attempt.clock()
+
+        def failed(number: int, now: float, exc: BaseException) -> Outcome:
+            where = run.locate(step.id, ("keep",))
+            out = refused(number, now, run.masker.text(f"{where}: {error_message(exc)}"))
+            out.ended_at = now
+            return out
+
         try:
-            with attempt.located("keep"):
-                decision = render(compile_template(rule), attempt.context,
-                                  functions=attempt.run.functions)
+            decide = renderer(compile_template(rule), context, "item", functions=run.functions)
+        except ITEM_ERRORS as exc:
+            return [failed(number, run.clock(), exc) for _, number in items]
+        outs: list[Outcome] = []
+        for value, number in items:
+            now = run.clock()
+            try:
+                decision = decide(value)
                 if not isinstance(decision, bool):
                     raise UserError(
                         f"keep: must render true or false, got {type(decision).__name__}")
-        except ITEM_ERRORS as exc:
-            out = refused(attempt.number, now, attempt.run.masker.text(error_message(exc)))
-            out.ended_at = now
-            return out
-        return Outcome(AttemptStatus.SUCCEEDED, attempt.number, result=decision,
-                       message="kept" if decision else "dropped", started_at=now, ended_at=now)
+            except ITEM_ERRORS as exc:
+                outs.append(failed(number, now, exc))
+                continue
+            outs.append(Outcome(AttemptStatus.SUCCEEDED, number, result=decision,
+                                message="kept" if decision else "dropped", started_at=now,
+                                ended_at=now))
+        return outs
