@@ -438,8 +438,8 @@ class Engine:
     # -- attempts -------------------------------------------------------------------
 
     def _attempt(self, step: Step, it: _Item, try_: int, *, dirs: bool = True) -> Attempt:
-        # An inline step (keep:) has no folder: building its paths was a fifth
-        # of the cost of a keep item.
+        # An inline step (keep:) has no folder; its items are decided without
+        # attempts (``_start_inline``), so none should come here.
         return Attempt(
             run=self.ctx, step=step, item=ItemRef(step.id, it.index, it.key), value=it.value,
             number=it.base + try_,

@@ -45,8 +45,9 @@ class Keep:
         are (value, attempt number) pairs.
 
         The rule is compiled and its names gathered once for the batch, and
-        no ``Attempt`` is made: in a ``keep:`` over 100,000 items, building
-        each item's attempt and context was a third of the step's time.
+        no ``Attempt`` is made: profiled over 20,000 items after a fan-out,
+        building each item's attempt and context and copying the template's
+        names for each render took about a seventh of the step's time.
         """
         rule = step.keep
         assert isinstance(rule, str)
