@@ -10,6 +10,7 @@ hooks, never by racing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ import secrets
 import shutil
 import stat
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -423,6 +425,35 @@ def test_read_head_reads_a_file_longer_than_its_stat_size() -> None:
     whole = read_head(path, 1 << 30)
     assert len(whole) > 0 and whole.endswith(b"\n")
     assert read_head(path, 5) == whole[:5]
+
+
+def test_read_head_goes_on_after_short_reads_to_the_end(tmp_path: Path) -> None:
+    # A fifo reads short whenever its writer pauses: the first read gets the
+    # first piece only. Nothing is timed: the writer waits for the reader.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    pieces = [b"a" * 10, b"b" * 70_000, b"c" * 5]
+    pause = threading.Event()
+
+    def writer() -> None:
+        # The reader that stops at its limit closes early: a broken pipe.
+        with contextlib.suppress(BrokenPipeError), open(fifo, "wb", buffering=0) as f:
+            for piece in pieces:
+                f.write(piece)
+                pause.wait(0.05)  # not needed for the result, only to split the reads
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        assert read_head(fifo, 1 << 20) == b"".join(pieces)
+    finally:
+        t.join()
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        assert read_head(fifo, 50) == b"a" * 10 + b"b" * 40
+    finally:
+        t.join()
 
 
 @pytest.mark.parametrize("size", [0, 3, 5_000_000])
