@@ -243,11 +243,9 @@ def render(
     """
     if not t.is_template:
         return t.source
-    if (t._bare is not None and not shell and t._bare in ctx and t._bare not in functions
-            and t._bare not in BUILTIN_FUNCTIONS):
-        # ``{{ item }}``: the context's own value, as Jinja would resolve it
-        # (context data holds no Undefined); a function of that name would win.
-        return ctx[t._bare]
+    bare = _bare_data(t, functions)
+    if bare is not None and not shell and bare in ctx:
+        return ctx[bare]
     values: dict[str, Any] = dict(ctx)
     values.update(_globals(functions))
     return _render_values(t, values, shell)
@@ -264,18 +262,19 @@ def renderer(
 
     A ``keep:`` renders one rule for each of 100,000 items whose contexts
     differ only in ``item``: the names a template sees are gathered once here,
-    not copied for every item. Each call still has its own limits (a fresh
-    weigher) and raises what ``render`` would.
+    not copied for every item. Each call still weighs its values with a
+    weigher of its own (whose memo, shared, would keep every earlier item
+    alive) and raises what ``render`` would.
     """
     if not t.is_template:
         return lambda value: t.source
     g = _globals(functions)
-    if t._bare is not None and t._bare not in functions and t._bare not in BUILTIN_FUNCTIONS:
-        if t._bare == name:
-            return lambda value: value
-        if t._bare in ctx:
-            found = ctx[t._bare]
-            return lambda value: found
+    bare = _bare_data(t, functions)
+    if bare == name:
+        return lambda value: value
+    if bare is not None and bare in ctx:
+        found = ctx[bare]
+        return lambda value: found
     values: dict[str, Any] = dict(ctx)
     values.update(g)
     if name in g:
@@ -289,6 +288,15 @@ def renderer(
         return _render_values(t, values, False)
 
     return one
+
+
+def _bare_data(t: Template, functions: Mapping[str, Callable[..., Any]]) -> str | None:
+    """The name a ``{{ name }}`` template reads from the context itself, as
+    Jinja would resolve it (context data holds no Undefined); None for other
+    templates, or when a function of that name wins."""
+    if t._bare is None or t._bare in functions or t._bare in BUILTIN_FUNCTIONS:
+        return None
+    return t._bare
 
 
 def _render_values(t: Template, values: dict[str, Any], shell: bool) -> Any:
