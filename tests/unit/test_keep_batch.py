@@ -8,6 +8,8 @@ errors, limits and names that shadow each other.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -68,15 +70,32 @@ def test_renderer_gives_what_render_gives_for_every_value(source: str) -> None:
         assert seen == {"RenderError"}
 
 
-def test_each_value_has_its_own_limits() -> None:
-    # 300,000 characters a call (weighed as about 900,000 against a cap of
-    # 1,000,000), fifty calls: each call is weighed alone.
+class Weighed(list[int]):
+    """A list that can be watched with a weak reference."""
+
+
+def test_a_call_keeps_no_earlier_value_alive() -> None:
+    # ``+`` of two lists weighs both, and a weigher memoises what it weighed
+    # (by identity, holding the value). One weigher for the whole batch would
+    # hold every item of a 100,000-item keep: each call has its own.
+    one = renderer(compile_template("{{ (item + [1]) | length > 2 }}"), CTX, "item")
+    first = Weighed([1, 2])
+    gone = weakref.ref(first)
+    assert one(first) is True
+    del first
+    assert one(Weighed([3])) is False
+    gc.collect()
+    assert gone() is None
+
+
+def test_a_value_refused_at_a_cap_leaves_the_next_calls_as_they_were() -> None:
+    # '*' of a string is weighed as about three characters each (cap 1,000,000).
     one = renderer(compile_template("{{ 'x' * item }}"), CTX, "item")
-    for _ in range(50):
-        assert len(one(300_000)) == 300_000
+    assert len(one(300_000)) == 300_000
     with pytest.raises(RenderError, match="limit"):
         one(400_000)
     assert len(one(300_000)) == 300_000
+    assert one(3) == "xxx"
 
 
 def test_a_function_of_the_same_name_wins_as_in_render() -> None:
