@@ -134,7 +134,7 @@ class RunSummary:
     usage: Mapping[str, int] = field(default_factory=dict)
 
 
-#: The folders of an inline step's items, which have none.
+#: The folders of attempts made only to key items (``_find_reusable``).
 _NO_DIRS = ItemDir(Path("/nonexistent"))
 
 
@@ -438,12 +438,11 @@ class Engine:
     # -- attempts -------------------------------------------------------------------
 
     def _attempt(self, step: Step, it: _Item, try_: int, *, dirs: bool = True) -> Attempt:
-        # An inline step (keep:) has no folder; its items are decided without
-        # attempts (``_start_inline``), so none should come here.
+        # Inline steps (keep:) make no attempts (``_start_inline``).
         return Attempt(
             run=self.ctx, step=step, item=ItemRef(step.id, it.index, it.key), value=it.value,
             number=it.base + try_,
-            dirs=self.run.item(step.id, it.index) if dirs and not is_inline(step) else _NO_DIRS,
+            dirs=self.run.item(step.id, it.index) if dirs else _NO_DIRS,
             context=self.context(step, it.value, with_item=step.for_each is not None),
         )
 
