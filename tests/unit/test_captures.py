@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import threading
 from pathlib import Path
 
-from stockade.runner.captures import Captures
+import pytest
+
+from stockade.runner.captures import Captures, read_capture
 from stockade.runner.env import Masker
 
 
@@ -75,3 +79,66 @@ def test_a_pipe_opened_while_the_hub_waits_is_read(tmp_path: Path) -> None:
             assert (tmp_path / f"{i}.err").read_text() == f"item {i}\n"
     finally:
         hub.close()
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 9, 100_000, (1 << 20) + 3])
+@pytest.mark.parametrize("limit", [8, 1 << 20, 1 << 40])
+def test_read_capture_reads_at_most_limit_bytes(tmp_path: Path, size: int, limit: int) -> None:
+    data = secrets.token_bytes(size)
+    path = tmp_path / "capture"
+    path.write_bytes(data)
+    before = _open_fds()
+    # 1 TiB as the limit: nothing is allocated for the bytes that are not there.
+    assert read_capture(path, limit) == data[:limit]
+    assert _open_fds() == before
+
+
+def test_read_capture_reads_a_file_longer_than_its_stat_size() -> None:
+    # procfs reports size 0 for files that have content.
+    path = "/proc/self/mountinfo"
+    assert os.stat(path).st_size == 0
+    whole = read_capture(path, 1 << 30)
+    assert len(whole) > 0 and whole.endswith(b"\n")
+    assert read_capture(path, 5) == whole[:5]
+
+
+def test_read_capture_goes_on_after_short_reads_to_the_end(tmp_path: Path) -> None:
+    # A fifo reads short whenever its writer pauses: the first read gets the
+    # first piece only. Nothing is timed: the writer waits for the reader.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    pieces = [b"a" * 10, b"b" * 70_000, b"c" * 5]
+    pause = threading.Event()
+
+    def writer() -> None:
+        # The reader that stops at its limit closes early: a broken pipe.
+        with contextlib.suppress(BrokenPipeError), open(fifo, "wb", buffering=0) as f:
+            for piece in pieces:
+                f.write(piece)
+                pause.wait(0.05)  # not needed for the result, only to split the reads
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        assert read_capture(fifo, 1 << 20) == b"".join(pieces)
+    finally:
+        t.join()
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        assert read_capture(fifo, 50) == b"a" * 10 + b"b" * 40
+    finally:
+        t.join()
+
+
+def test_read_capture_never_reads_through_a_link_at_its_name(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"not a capture")
+    (tmp_path / "1.out").symlink_to(target)
+    assert (tmp_path / "1.out").read_bytes() == b"not a capture"  # the link is live
+    with pytest.raises(OSError):
+        read_capture(tmp_path / "1.out", 100)

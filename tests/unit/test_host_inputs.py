@@ -10,7 +10,6 @@ hooks, never by racing.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -18,7 +17,6 @@ import secrets
 import shutil
 import stat
 import subprocess
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,7 +24,7 @@ import pytest
 
 from stockade.errors import TamperedArtifact, UserError
 from stockade.workspace.artifacts import HostTree, host_file, host_tree, materialise
-from stockade.workspace.beneath import Refused, Walker, create_file, parts_of, read_head
+from stockade.workspace.beneath import Refused, Walker, create_file, parts_of
 from stockade.workspace.host import git_command, git_env, write_new_file
 
 
@@ -404,56 +402,6 @@ def test_create_file_at_any_depth_refuses_links_and_leaks_no_descriptor(
         assert _open_fds() == before
     finally:
         os.close(root)
-
-
-@pytest.mark.parametrize("size", [0, 1, 7, 8, 9, 100_000, (1 << 20) + 3])
-@pytest.mark.parametrize("limit", [8, 1 << 20, 1 << 40])
-def test_read_head_reads_at_most_limit_bytes(tmp_path: Path, size: int, limit: int) -> None:
-    data = secrets.token_bytes(size)
-    path = tmp_path / "capture"
-    path.write_bytes(data)
-    before = _open_fds()
-    # 1 TiB as the limit: nothing is allocated for the bytes that are not there.
-    assert read_head(path, limit) == data[:limit]
-    assert _open_fds() == before
-
-
-def test_read_head_reads_a_file_longer_than_its_stat_size() -> None:
-    # procfs reports size 0 for files that have content.
-    path = "/proc/self/mountinfo"
-    assert os.stat(path).st_size == 0
-    whole = read_head(path, 1 << 30)
-    assert len(whole) > 0 and whole.endswith(b"\n")
-    assert read_head(path, 5) == whole[:5]
-
-
-def test_read_head_goes_on_after_short_reads_to_the_end(tmp_path: Path) -> None:
-    # A fifo reads short whenever its writer pauses: the first read gets the
-    # first piece only. Nothing is timed: the writer waits for the reader.
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    pieces = [b"a" * 10, b"b" * 70_000, b"c" * 5]
-    pause = threading.Event()
-
-    def writer() -> None:
-        # The reader that stops at its limit closes early: a broken pipe.
-        with contextlib.suppress(BrokenPipeError), open(fifo, "wb", buffering=0) as f:
-            for piece in pieces:
-                f.write(piece)
-                pause.wait(0.05)  # not needed for the result, only to split the reads
-
-    t = threading.Thread(target=writer)
-    t.start()
-    try:
-        assert read_head(fifo, 1 << 20) == b"".join(pieces)
-    finally:
-        t.join()
-    t = threading.Thread(target=writer)
-    t.start()
-    try:
-        assert read_head(fifo, 50) == b"a" * 10 + b"b" * 40
-    finally:
-        t.join()
 
 
 @pytest.mark.parametrize("size", [0, 3, 5_000_000])

@@ -7,6 +7,8 @@ stderr leaves no file (one inode less per item on disks where inodes are
 the cost). Secret values are masked across chunk boundaries. Memory stays
 bounded: a full pipe makes the jail wait, never the engine buffer.
 
+``read_capture`` reads one back (the engine's result, a worker's result).
+
 Must not import the engine, the executors or the CLI.
 """
 
@@ -21,6 +23,38 @@ from pathlib import Path
 from stockade.runner.env import Masker
 
 CHUNK = 65536
+
+
+def read_capture(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The first ``limit`` bytes of the capture file at ``path`` (all of it if
+    shorter); as ``Capture`` writes it, never through a link at its name.
+
+    Called for every item (its stdout capture): ``open(path).read(limit)``
+    would allocate ``limit`` bytes up front (an ``mmap`` of 4 MiB and more,
+    then ``munmap`` and a TLB shootdown across the engine's threads) and make
+    three more system calls to set up a buffer that is read once. The first
+    read asks for the size ``fstat`` gives and a byte more: when it returns
+    exactly that size, that is the end. Otherwise (a file that grew, one
+    whose size the kernel does not know, a short read) reads go on to the end.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        chunks: list[bytes] = []
+        got = 0
+        size = os.fstat(fd).st_size
+        want = min(size + 1, limit)
+        while got < limit:
+            chunk = os.read(fd, min(want, limit - got))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+            if got == size and len(chunk) < want:
+                break
+            want = CHUNK
+    finally:
+        os.close(fd)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 class Capture:

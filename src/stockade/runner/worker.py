@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.errors import InfraError
+from stockade.runner.captures import read_capture
 from stockade.runner.env import Masker, build_env
 from stockade.runner.jobs import (
     CAPTURE_MAX,
@@ -48,7 +49,6 @@ from stockade.runner.transfer import pack, pack_bytes, unpack
 from stockade.sandbox.base import Backend
 from stockade.sandbox.policy import Policy
 from stockade.workspace.artifacts import OutputRefused, collect_outputs
-from stockade.workspace.beneath import read_head
 from stockade.workspace.spread import make_spread_folder
 
 SCRATCH_ENV = "STOCKADE_WORKER_SCRATCH"
@@ -188,7 +188,7 @@ def _records(meta: Path) -> list[tuple[str, os.stat_result]]:
 def _capture(path: Path, name: str, masker: Masker, artifacts: str | None,
              prefix: str) -> Blob | None:
     try:
-        data = read_head(path, CAPTURE_MAX + 1)
+        data = read_capture(path, CAPTURE_MAX + 1)
     except FileNotFoundError:
         return None
     if len(data) > CAPTURE_MAX:

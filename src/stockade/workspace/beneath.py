@@ -188,37 +188,6 @@ def sha256_fd(fd: int) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
-def read_head(path: str | os.PathLike[str], limit: int) -> bytes:
-    """The first ``limit`` bytes of the file at ``path`` (all of it if shorter).
-
-    Called for every item (its stdout capture): ``open(path).read(limit)``
-    would allocate ``limit`` bytes up front (an ``mmap`` of 4 MiB and more,
-    then ``munmap`` and a TLB shootdown across the engine's threads) and make
-    three more system calls to set up a buffer that is read once. The first
-    read asks for the size ``fstat`` gives and a byte more: when it returns
-    exactly that size, that is the end. Otherwise (a file that grew, one
-    whose size the kernel does not know, a short read) reads go on to the end.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks: list[bytes] = []
-        got = 0
-        size = os.fstat(fd).st_size
-        want = min(size + 1, limit)
-        while got < limit:
-            chunk = os.read(fd, min(want, limit - got))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
-            if got == size and len(chunk) < want:
-                break
-            want = CHUNK
-    finally:
-        os.close(fd)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
 def copy_fd(src: int, dst: int) -> tuple[str, int]:
     """Copy ``src`` to ``dst``; the sha256 and size of exactly the bytes written."""
     h = hashlib.sha256()

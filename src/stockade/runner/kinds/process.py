@@ -26,6 +26,7 @@ from typing import Any
 from stockade.errors import InfraError
 from stockade.expr import compile_template, render_value
 from stockade.runner.attempt import ITEM_ERRORS, Attempt, Outcome, error_message, refused
+from stockade.runner.captures import read_capture
 from stockade.runner.env import Masker, build_env
 from stockade.runner.records import attach
 from stockade.runner.status import AttemptStatus
@@ -41,7 +42,6 @@ from stockade.workspace.artifacts import (
     materialise,
     to_json_value,
 )
-from stockade.workspace.beneath import read_head
 
 #: Results larger than this are cut in the store (the full stdout stays in meta/).
 MAX_RESULT = 4 << 20
@@ -274,7 +274,7 @@ def run_jail(
 
 def read_result(path: Path) -> str:
     try:
-        data = read_head(path, MAX_RESULT + 1)
+        data = read_capture(path, MAX_RESULT + 1)
     except FileNotFoundError:
         return ""  # a masked capture is created on its first byte
     text = data[:MAX_RESULT].decode("utf-8", errors="replace")
