@@ -126,12 +126,13 @@ def test_an_interrupted_run_resumes_to_success(project: Project) -> None:
     code, _, _ = _interrupt(project, wf, "c2", delay=None)
     assert code == 130
     assert project.run("runs", "--json").json()[0]["status"] == "interrupted"
-    # Folders made ahead for items that never began are gone (runner.prefetch):
-    # only attempts that began left a work/.
+    # No folder made ahead is left (runner.prefetch makes them only where the
+    # step folder refuses the spread flag: tests/integration/test_prefetch_cli.py
+    # interrupts such a run on tmpfs). Only attempts that began left a work/.
     run_dir = project.root / "runs" / "c2"
     assert not list(run_dir.rglob(".next*"))
     begun = [i for i in range(8) if (project.item("c2", "sleepers", i) / "work").exists()]
-    # --jobs 4: the others were waiting for a slot, their folders made ahead.
+    # --jobs 4: the others were waiting for a slot.
     assert 0 in begun and set(begun) <= {0, 1, 2, 3}, begun
     r = project.run("resume", "c2", env={"SLOW": ""}, timeout=120)
     assert r.code == 0, r.err

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import struct
+import tempfile
 import threading
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from stockade.workspace.spread import (
     FS_TOPDIR_FL,
     _ioc,
     inode_flags,
+    is_spread,
     make_spread_folder,
     spread_subfolders,
 )
@@ -107,6 +109,36 @@ def test_the_flag_is_set_where_ext4_takes_it_and_reported_unset_elsewhere(
     assert spread_subfolders(str(tmp_path / "missing")) is False
     if ext4:
         assert not topdir(other)
+
+
+def test_make_step_reports_whether_the_items_will_be_spread(tmp_path: Path, ext4: bool) -> None:
+    run = RunDir(tmp_path, "r1")
+    run.create()
+    assert run.make_step("fan") is ext4
+    assert run.make_step("fan") is ext4  # there already: read, not made again
+    if ext4:
+        assert topdir(run.path / "fan")
+    # A step folder made before, without the flag (a resumed run's, say):
+    # reported as it is, left as it is.
+    (run.path / "plain").mkdir()
+    assert run.make_step("plain") is False
+    if ext4:
+        assert not topdir(run.path / "plain")
+    assert is_spread(str(run.path / "fan")) is ext4
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "link").symlink_to(run.path / "fan")
+    for bad in ("file", "link", "missing"):
+        assert is_spread(str(tmp_path / bad)) is False
+
+
+def test_make_step_on_tmpfs_reports_unspread() -> None:
+    shm = Path("/dev/shm")
+    assert fs_type(shm) == "tmpfs", "the test needs /dev/shm as tmpfs, as Linux mounts it"
+    with tempfile.TemporaryDirectory(dir=shm) as d:
+        run = RunDir(Path(d), "r1")
+        run.create()
+        assert run.make_step("fan") is False
+        assert (run.path / "fan").is_dir()
 
 
 def test_a_steps_first_item_spreads_the_step_folder_and_only_it(tmp_path: Path, ext4: bool) -> None:

@@ -370,8 +370,13 @@ class Engine:
             self._find_reusable(sr, done)
         # Not on resume: an item there may have attempts on disk already.
         if self.prefetch is not None and makes_attempt_folders(step) and not self.resume:
-            self.prefetch.add(sid, (it.index for it in sr.items if it.index not in done
-                                    and not (it.reuse is not None and it.reuse.candidates)))
+            ahead = [it.index for it in sr.items if it.index not in done
+                     and not (it.reuse is not None and it.reuse.candidates)]
+            # Only where the step's folder refused the spread flag: under a
+            # spread folder, new folders are cheap and the helper thread cost
+            # more CPU than it saved the slots (README, "Directory layout").
+            if ahead and not self.run.make_step(sid):
+                self.prefetch.add(sid, ahead)
         return Expanded(sid, len(sr.items), now, frozenset(done))
 
     def _find_reusable(self, sr: _StepRun, done: set[int]) -> None:

@@ -585,8 +585,9 @@ def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
     started = float(p.manifest["started_at"])
     try:
         reuse = spec.workflow.reuse if opts.reuse is None else opts.reuse
-        # Folders made ahead of each item's turn, on this machine's disk: a
-        # Dask worker makes its items' own.
+        # Folders made ahead of each item's turn, on this machine's disk, for
+        # the steps whose folder refused the spread flag (``Engine._expand``):
+        # a Dask worker makes its items' own.
         prefetch = FolderPrefetch(run, ahead=2 * executor.slots) if dask is None else None
         engine = Engine(spec=spec, plan=p.plan, run=run, context=context, executor=executor,
                         vars=p.values, reporter=hooks.reporter, resume=resume, reuse=reuse,

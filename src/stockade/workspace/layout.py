@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.errors import UserError
-from stockade.workspace.spread import make_spread_folder
+from stockade.workspace.spread import is_spread, make_spread_folder
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -201,6 +201,14 @@ class RunDir:
     @cached_property
     def scratch(self) -> ScratchPool:
         return ScratchPool(self.path / ".scratch")
+
+    def make_step(self, step: str) -> bool:
+        """Make the step's folder, asking the filesystem to spread its item
+        folders (``spread``), unless it exists; whether they are spread:
+        whether the folder has the flag now, made here or before."""
+        path = f"{self.path}/{step}"
+        make_spread_folder(path)
+        return is_spread(path)
 
     def item(self, step: str, index: int) -> ItemDir:
         # Built from a string: joining Paths part by part is measurable per item.

@@ -88,6 +88,23 @@ def spread_subfolders(path: str) -> bool:
         os.close(fd)
 
 
+def is_spread(path: str) -> bool:
+    """Whether the folder ``path`` (never through a link) has ``FS_TOPDIR_FL``;
+    False wherever its flags cannot be read."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return bool(inode_flags(fd) & FS_TOPDIR_FL)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def inode_flags(fd: int) -> int:
     """The ``FS_*_FL`` flags of the open file ``fd`` (``OSError`` where there are none)."""
     (flags,) = struct.unpack("i", fcntl.ioctl(fd, FS_IOC_GETFLAGS, struct.pack("i", 0)))
