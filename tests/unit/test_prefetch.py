@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -86,3 +87,24 @@ def test_clear_stops_making_and_a_failure_only_skips_the_item(run: RunDir) -> No
     assert _ready(run, "t") == []
     fp.add("t", [1])  # closed: ignored
     assert not (run.path / "t" / "1").exists()
+
+
+def test_claims_with_nothing_queued_start_no_thread_and_make_nothing(run: RunDir) -> None:
+    before = {t.name for t in threading.enumerate()}
+    fp = FolderPrefetch(run, ahead=2)
+    for i in range(3):
+        fp.claim("s", i)  # a spread step: the engine queued nothing
+    assert fp.settled()
+    assert "folders" not in {t.name for t in threading.enumerate()} - before
+    fp.close()
+    assert not (run.path / "s").exists()
+    # Queued afterwards, the window is kept as ever.
+    fp2 = FolderPrefetch(run, ahead=2)
+    fp2.add("s", range(4))
+    _settle(fp2)
+    fp2.claim("s", 0)
+    assert run.item("s", 0).begin_attempt(1) == 1
+    _settle(fp2)
+    assert _ready(run) == [1, 2]
+    fp2.close()
+    assert _ready(run) == []
