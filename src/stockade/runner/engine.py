@@ -375,9 +375,16 @@ class Engine:
             # Only where the step's folder refused the spread flag: under a
             # spread folder, new folders are cheap and the helper thread cost
             # more CPU than it saved the slots (README, "Directory layout").
-            if ahead and not self.run.make_step(sid):
+            if ahead and not self._spread(sid):
                 self.prefetch.add(sid, ahead)
         return Expanded(sid, len(sr.items), now, frozenset(done))
+
+    def _spread(self, sid: str) -> bool:
+        """Make the step's folder; whether its item folders are spread."""
+        try:
+            return self.run.make_step(sid)
+        except OSError:
+            return False  # each attempt meets the error making its own folders
 
     def _find_reusable(self, sr: _StepRun, done: set[int]) -> None:
         """Key every item that is not kept already and look the keys up in one go."""

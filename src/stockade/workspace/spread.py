@@ -70,6 +70,17 @@ def spread_subfolders(path: str) -> bool:
     Best effort: any refusal (another filesystem, another owner, not Linux)
     returns False and changes nothing.
     """
+    return _topdir(path, set_=True)
+
+
+def is_spread(path: str) -> bool:
+    """Whether the folder ``path`` has ``FS_TOPDIR_FL``; False wherever its
+    flags cannot be read."""
+    return _topdir(path, set_=False)
+
+
+def _topdir(path: str, *, set_: bool) -> bool:
+    """The folder's ``FS_TOPDIR_FL`` (set first if ``set_``), never through a link."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -78,27 +89,10 @@ def spread_subfolders(path: str) -> bool:
         return False
     try:
         flags = inode_flags(fd)
-        if not flags & FS_TOPDIR_FL:
+        if set_ and not flags & FS_TOPDIR_FL:
             fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("i", flags | FS_TOPDIR_FL))
             flags = inode_flags(fd)
         return bool(flags & FS_TOPDIR_FL)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def is_spread(path: str) -> bool:
-    """Whether the folder ``path`` (never through a link) has ``FS_TOPDIR_FL``;
-    False wherever its flags cannot be read."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        return bool(inode_flags(fd) & FS_TOPDIR_FL)
     except OSError:
         return False
     finally:
