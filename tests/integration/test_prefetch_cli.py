@@ -21,17 +21,19 @@ import pytest
 from stockade.workspace.spread import is_spread
 from tests.integration.conftest import Project
 
-#: Item 0 waits for items 1 and 2's ``.next/`` for up to WAIT seconds, then
-#: writes "ahead" or "none"; with HOLD set it then waits for that file to go.
+#: Item 0's first attempt waits for items 1 and 2's ``.next/`` for up to
+#: ``wait`` seconds, then writes "ahead" or "none"; with ``hold`` set it then
+#: waits for that file to go. (A resumed attempt, the second, does neither.)
 WORKFLOW = """
 name: ahead
-secrets: [WAIT, HOLD]
+vars: {wait: "1", hold: ""}
 steps:
   - id: fan
     for_each: [0, 1, 2]
-    secrets: [WAIT, HOLD]
     run: |
-      if [ "$STOCKADE_ITEM" = 0 ]; then
+      WAIT={{ vars.wait }}
+      HOLD={{ vars.hold }}
+      if [ "$STOCKADE_ITEM" = 0 ] && [ "$STOCKADE_ATTEMPT" = 1 ]; then
         n=0
         while [ $n -lt $((WAIT * 20)) ] && ! [ -d ../../1/.next/out -a -d ../../2/.next/out ]; do
           sleep 0.05; n=$((n + 1))
@@ -60,7 +62,7 @@ def _seen(project: Project, run_id: str) -> str:
 def _run(project: Project, run_id: str, wait: int) -> None:
     wf = project.write("wf.yaml", WORKFLOW)
     r = project.run("run", str(wf), "--run-id", run_id, "--sandbox", "none", "--jobs", "1",
-                    env={"WAIT": str(wait), "HOLD": ""})
+                    "--var", f"wait={wait}")
     assert r.code == 0, r.err
     assert project.succeeded(run_id, "fan") == {0, 1, 2}
     step = project.root / "runs" / run_id / "fan"
@@ -89,7 +91,7 @@ def test_on_tmpfs_an_interrupted_run_removes_the_folders_it_made_ahead(on_tmpfs:
     hold = project.path / "hold"
     hold.write_text("")
     p = project.popen("run", str(wf), "--run-id", "t2", "--sandbox", "none", "--jobs", "1",
-                      env={"WAIT": "120", "HOLD": str(hold)})
+                      "--var", "wait=120", "--var", f"hold={hold}")
     try:
         seen = project.item("t2", "fan", 0) / "work" / "seen.txt"
         deadline = time.monotonic() + 120
@@ -110,7 +112,7 @@ def test_on_tmpfs_an_interrupted_run_removes_the_folders_it_made_ahead(on_tmpfs:
     assert not list(step.rglob(".next*")), sorted(map(str, step.rglob("*")))
     # Items that never began keep no attempt: no work/.
     assert not (step / "1" / "work").exists() and not (step / "2" / "work").exists()
-    r = project.run("resume", "t2", env={"WAIT": "1", "HOLD": ""})
+    r = project.run("resume", "t2")
     assert r.code == 0, r.err
     assert project.succeeded("t2", "fan") == {0, 1, 2}
 
