@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 
 from stockade.runner.env import Masker
+from stockade.workspace.beneath import write_all
 
 CHUNK = 65536
 
@@ -76,10 +77,7 @@ class Capture:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
                                | os.O_NOFOLLOW, 0o600)
-        view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
+        write_all(self._fd, data)
 
     def feed(self, chunk: bytes) -> None:
         if self.masker is None:

@@ -195,10 +195,17 @@ def copy_fd(src: int, dst: int) -> tuple[str, int]:
     while chunk := os.read(src, CHUNK):
         h.update(chunk)
         size += len(chunk)
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(dst, view):]
+        write_all(dst, chunk)
     return h.hexdigest(), size
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` to ``fd``, however short each write is
+    (no buffered file object: it would cost an ``fstat``, ``ioctl`` and
+    ``lseek`` per file)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def make_folders(root_fd: int, parts: Sequence[str], rel: str) -> int:

@@ -42,6 +42,7 @@ from stockade.workspace.beneath import (
     open_folder,
     parts_of,
     sha256_fd,
+    write_all,
 )
 
 #: How many refused paths a message names before it says "and N more".
@@ -312,11 +313,7 @@ def write_new_file(work: Path, name: str, data: bytes) -> None:
             raise UserError(f"input {name!r}: {r.why}") from None
     finally:
         os.close(work_fd)
-    # Written whole with os.write: a buffered file object would add three
-    # system calls (fstat, ioctl, lseek) to every item's input.
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, data)
     finally:
         os.close(fd)
