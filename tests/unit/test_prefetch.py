@@ -90,6 +90,8 @@ def test_clear_stops_making_and_a_failure_only_skips_the_item(run: RunDir) -> No
 
 
 def test_claims_with_nothing_queued_start_no_thread_and_make_nothing(run: RunDir) -> None:
+    # The engine claims every first attempt, also of steps it never queued
+    # (their folder took the spread flag).
     before = {t.name for t in threading.enumerate()}
     fp = FolderPrefetch(run, ahead=2)
     for i in range(3):

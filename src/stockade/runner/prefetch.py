@@ -65,11 +65,6 @@ class FolderPrefetch:
     def claim(self, step: str, index: int) -> None:
         """The item's first attempt begins now: not made from here on, and the
         one being made is finished first."""
-        if self._thread is None:
-            # Nothing was ever queued (every step folder took the spread flag).
-            # ``add`` and ``claim`` both run on the engine's thread, so no
-            # ``add`` can be under way here.
-            return
         key = (step, index)
         with self._cond:
             self._queued.discard(key)
