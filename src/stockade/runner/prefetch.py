@@ -11,7 +11,7 @@ are cheap, and this thread's hand-offs cost the engine more CPU than they
 saved the slots (0.92x the engine's CPU under ``--sandbox none`` and 0.86x
 under bwrap without it, 1,000 items, paired rounds). So the engine queues a
 step here only where its folder refused the flag (``RunDir.make_step``):
-tmpfs, XFS, btrfs.
+tmpfs (tried), XFS and btrfs (by their kernel code).
 
 The engine queues a step's items in the order they will start (``add``),
 claims each as it starts it (``claim``: never made while its attempt begins),
