@@ -2,18 +2,29 @@
 
 Two floors, each measured in the same run as the figure it explains:
 
-1. ``--sandbox none`` items: the engine's CPU per item against the CPU of
-   starting and reaping the same command with the engine's own launcher
-   (``_jail.spawn``, a poll on the pidfd, ``waitpid``) from two threads and
-   nothing else. The difference is the engine's bookkeeping per item:
-   folders, captures, records, the scheduler, the hand-offs between threads.
+1. ``--sandbox none`` items: the engine's CPU per item against what any
+   engine must spend per item on this machine:
+
+   * the launcher alone: the same command started and reaped with the
+     engine's own launcher (``_jail.spawn``, a poll on the pidfd,
+     ``waitpid``) from two threads and nothing else;
+   * the launcher and the item's folders: the same, after making the
+     folders a first attempt makes (the item, ``meta/``, ``work/``,
+     ``work/out/``) under a folder spread as the engine spreads its step
+     folders (``workspace.spread``), in ``$TMPDIR``.
+
+   The engine's figure is a marginal cost, as ``bench_engine.py`` takes it:
+   the CPU of a 2N-item run less that of an N-item run, over N, so that
+   start-up (imports, the probe) is not in it. The difference between the
+   engine and the second floor is the engine's bookkeeping per item:
+   captures, records, the scheduler, the hand-offs between threads.
 2. the run path's imports: how much of them is defining dataclasses and
    building pydantic models, timed around ``dataclasses._process_class`` and
    pydantic's model metaclass in fresh interpreters, split between
    stockade's modules and the libraries'.
 
 Usage: ``python bench/bench_floor.py [--items 1000] [--rounds 3]``
-Trees go under ``$TMPDIR``.
+Trees go under ``$TMPDIR``: run it on the disk you care about.
 """
 
 from __future__ import annotations
@@ -33,6 +44,8 @@ import time
 from pathlib import Path
 
 from bench_fanout import COMMAND, run_stockade
+
+from stockade.workspace.spread import spread_subfolders
 
 #: Run in a fresh interpreter: imports what ``stockade run`` imports before
 #: its first item (the CLI, the session, and the backends the sandbox probe
@@ -69,18 +82,34 @@ print(json.dumps({"import_s": total, "dataclass_s": dict(per), "dataclasses": di
 """
 
 
-def spawn_floor(work: Path, n: int, threads: int) -> tuple[float, float]:
+def spawn_floor(root: Path, n: int, threads: int, folders: bool) -> tuple[float, float]:
     """(CPU seconds of this process, wall seconds) to start and reap ``n``
-    commands from ``threads`` threads with the engine's launcher."""
+    commands from ``threads`` threads with the engine's launcher.
+
+    ``folders``: each command runs in its own item's ``work/``, made first
+    with the item's other folders under ``root`` (spread, as a step folder
+    is); otherwise all of them run in one ``root/work``.
+    """
     from stockade.sandbox import _jail
 
     devnull = os.open(os.devnull, os.O_RDWR)
     argv = [b"/bin/sh", b"-c", COMMAND.encode()]
     env = [b"PATH=/usr/bin:/bin", b"STOCKADE_ITEM=1"]
-    cwd = os.fsencode(work)
+    root.mkdir()
+    spread_subfolders(str(root))
+    os.makedirs(f"{root}/work/out")
+    shared = os.fsencode(f"{root}/work")
 
-    def worker(count: int) -> None:
-        for _ in range(count):
+    def worker(first: int, count: int) -> None:
+        for i in range(first, first + count):
+            cwd = shared
+            if folders:
+                item = f"{root}/{i}"
+                os.mkdir(item)
+                os.mkdir(f"{item}/meta", 0o700)
+                os.mkdir(f"{item}/work")
+                os.mkdir(f"{item}/work/out")
+                cwd = os.fsencode(f"{item}/work")
             pid = _jail.spawn(b"/bin/sh", argv, env, cwd, [devnull, devnull, devnull], -1, b"",
                               -1, -1, [], None, [], -1)
             pidfd = os.pidfd_open(pid)
@@ -92,9 +121,10 @@ def spawn_floor(work: Path, n: int, threads: int) -> tuple[float, float]:
             finally:
                 os.close(pidfd)
 
+    share = n // threads
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
-    pool = [threading.Thread(target=worker, args=(n // threads,)) for _ in range(threads)]
+    pool = [threading.Thread(target=worker, args=(k * share, share)) for k in range(threads)]
     for t in pool:
         t.start()
     for t in pool:
@@ -102,7 +132,16 @@ def spawn_floor(work: Path, n: int, threads: int) -> tuple[float, float]:
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     os.close(devnull)
+    shutil.rmtree(root)
     return (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime), wall
+
+
+def engine_marginal(tmp: Path, n: int) -> float:
+    """The engine's CPU seconds per item under ``--sandbox none``: (2N-item run
+    less N-item run) / N."""
+    small = run_stockade(tmp, n, "none", 2, engine_cpu=True)["engine_cpu_s"]
+    big = run_stockade(tmp, 2 * n, "none", 2, engine_cpu=True)["engine_cpu_s"]
+    return (big - small) / n
 
 
 def imports_once() -> dict[str, object]:
@@ -117,29 +156,30 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     n = args.items
-    floor: list[float] = []
-    floor_wall: list[float] = []
+    floors: dict[str, list[float]] = {"launcher": [], "folders": []}
+    walls: dict[str, list[float]] = {"launcher": [], "folders": []}
     engine: list[float] = []
+    sides = ["launcher", "folders", "engine"]
     with tempfile.TemporaryDirectory(prefix="stockade-bench-floor-") as d:
         tmp = Path(d)
-        work = tmp / "work"
         for r in range(args.rounds):
-            # Alternating which goes first: the machine's state drifts.
-            for side in (("floor", "engine") if r % 2 == 0 else ("engine", "floor")):
-                if side == "floor":
-                    (work / "out").mkdir(parents=True, exist_ok=True)
-                    cpu, wall = spawn_floor(work, n, 2)
-                    shutil.rmtree(work)
-                    floor.append(cpu / n)
-                    floor_wall.append(wall)
-                else:
-                    engine.append(run_stockade(tmp, n, "none", 2, engine_cpu=True)
-                                  ["engine_cpu_s"] / n)
-    f, e = statistics.median(floor), statistics.median(engine)
-    print(f"{n} items, 2 at a time, {args.rounds} alternating rounds (medians):")
-    print(f"  launcher alone: {f * 1e3:.3f} ms of CPU per item (wall {statistics.median(floor_wall):.2f} s)")
-    print(f"  the engine, --sandbox none: {e * 1e3:.3f} ms of CPU per item = {e / f:.1f}x the "
-          f"launcher; its bookkeeping per item: {(e - f) * 1e3:.2f} ms")
+            # A different order each round: the machine's state drifts.
+            for side in sides[r % 3:] + sides[:r % 3]:
+                if side == "engine":
+                    engine.append(engine_marginal(tmp, n))
+                    continue
+                cpu, wall = spawn_floor(tmp / f"{side}{r}", n, 2, side == "folders")
+                floors[side].append(cpu / n)
+                walls[side].append(wall)
+    f = statistics.median(floors["launcher"])
+    g = statistics.median(floors["folders"])
+    e = statistics.median(engine)
+    print(f"{n} items, 2 at a time, {args.rounds} rounds (medians), CPU per item:")
+    print(f"  launcher alone: {f * 1e3:.3f} ms (wall {statistics.median(walls['launcher']):.2f} s)")
+    print(f"  launcher and the item's folders: {g * 1e3:.3f} ms "
+          f"(wall {statistics.median(walls['folders']):.2f} s; the folders: {(g - f) * 1e3:.3f} ms)")
+    print(f"  the engine, --sandbox none (2N less N items): {e * 1e3:.3f} ms = {e / g:.1f}x the "
+          f"launcher and folders; its bookkeeping per item: {(e - g) * 1e3:.2f} ms")
     runs = [imports_once() for _ in range(args.rounds)]
     print("the run path's imports, fresh interpreters:")
     for run in runs:
