@@ -38,6 +38,7 @@ bench: $(BIN)/stockade
 	$(BIN)/python bench/bench_sandbox.py --engine --backend bwrap --backend landlock --backend none
 	$(BIN)/python bench/bench_engine.py
 	$(BIN)/python bench/bench_floor.py
+	$(BIN)/python bench/bench_interrupt.py
 	$(BIN)/python bench/bench_keep.py
 	$(BIN)/python bench/bench_spread.py
 	$(BIN)/python bench/bench_threads.py
