@@ -51,7 +51,9 @@ steps:
 def on_tmpfs() -> Iterator[Project]:
     shm = Path("/dev/shm")
     assert shm.is_dir() and os.access(shm, os.W_OK), "the test needs a writable /dev/shm (tmpfs)"
-    with tempfile.TemporaryDirectory(dir=shm, prefix="stockade-test-") as d:
+    # A space in the path: the hold file reaches the shell through a var
+    # (a value rendered into `run:` is shell-quoted).
+    with tempfile.TemporaryDirectory(dir=shm, prefix="stockade-test-with space-") as d:
         yield Project(Path(d))
 
 
