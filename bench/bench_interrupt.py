@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 GOAL_S = 10.0
@@ -48,11 +49,11 @@ def marked(marker: str, program: str = "") -> list[int]:
     return [int(pid) for pid in out.stdout.split()]
 
 
-def until(cond: object, timeout: float, step: float = 0.01) -> float | None:
+def until(cond: Callable[[], object], timeout: float, step: float = 0.01) -> float | None:
     """Seconds until ``cond()`` held (polled every ``step``), or None after ``timeout``."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        if cond():  # type: ignore[operator]
+        if cond():
             return time.monotonic() - t0
         time.sleep(step)
     return None
