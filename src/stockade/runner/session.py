@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import signal
 import sys
 import threading
@@ -316,13 +315,32 @@ def _manifest(spec: Spec, plan: Plan, run_id: str, started: float, values: dict[
         "input_fingerprint": input_fingerprint(values, files, trees),
         "input_refused": {f"tree:{k}": [{"path": p, "why": w} for p, w in v.refused]
                           for k, v in trees.items() if v.refused},
-        "host": {"hostname": os.uname().nodename, "platform": platform.platform(),
+        "host": {"hostname": os.uname().nodename, "platform": host_platform(),
                  "python": sys.version.split()[0]},
         "engine": {"name": "stockade", "version": __version__},
         "sandbox": {"backend": choice.name, "enforced": choice.enforced,
                     "limitations": list(choice.limitations), "lifetime": _lifetime()},
         "jobs": opts.jobs or available_cpus(),
     }
+
+
+def host_platform() -> str:
+    """``platform.platform()``'s answer on Linux (``Linux-6.1.0-x86_64-with-glibc2.36``).
+
+    Built from ``uname(2)`` and ``confstr``: ``platform.platform()`` runs
+    ``uname -p`` in a subprocess first (for a processor name it then leaves
+    out), a fork and exec on the way to every run's first item.
+    """
+    u = os.uname()
+    if u.sysname != "Linux":
+        import platform
+
+        return platform.platform()
+    try:
+        libc = (os.confstr("CS_GNU_LIBC_VERSION") or "").replace(" ", "")
+    except (OSError, ValueError):
+        libc = ""  # musl has no such name
+    return f"{u.sysname}-{u.release}-{u.machine}" + (f"-with-{libc}" if libc else "")
 
 
 def start_run(

@@ -32,7 +32,6 @@ import gzip
 import hashlib
 import json
 import os
-import platform
 import re
 import secrets
 import stat
@@ -84,7 +83,7 @@ class Image:
 
 
 def host_arch() -> str:
-    machine = platform.machine()
+    machine = os.uname().machine
     return _ARCH.get(machine, machine)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
-import platform
+import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -172,7 +172,7 @@ AUDIT_ARCH: dict[str, int] = {"x86_64": AUDIT_ARCH_X86_64, "aarch64": AUDIT_ARCH
 
 
 def native_arch() -> str:
-    machine = platform.machine().lower()
+    machine = os.uname().machine.lower()
     if machine in ("x86_64", "amd64"):
         return "x86_64"
     if machine in ("aarch64", "arm64"):
