@@ -24,10 +24,15 @@ def test_host_platform_is_platform_platform_without_starting_a_process(
         expected = expected.replace(f"-{processor}-with-", "-with-", 1)
 
     def refuse(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError(f"host_platform started a process: {args}")
+        raise AssertionError(f"host_platform started a process or asked platform: {args}")
 
     monkeypatch.setattr(subprocess, "Popen", refuse)
     monkeypatch.setattr(os, "posix_spawn", refuse)
+    # platform caches its uname() answer, processor included: after the call
+    # above, going back to platform.platform() would start nothing and pass
+    # the two refusals. Refuse platform itself too.
+    monkeypatch.setattr(platform, "platform", refuse)
+    monkeypatch.setattr(platform, "uname", refuse)
     got = host_platform()
     assert got == expected
     u = os.uname()

@@ -327,9 +327,10 @@ def _manifest(spec: Spec, plan: Plan, run_id: str, started: float, values: dict[
 def host_platform() -> str:
     """``platform.platform()``'s answer on Linux (``Linux-6.1.0-x86_64-with-glibc2.36``).
 
-    Built from ``uname(2)`` and ``confstr``: ``platform.platform()`` runs
-    ``uname -p`` in a subprocess first (for a processor name it then leaves
-    out), a fork and exec on the way to every run's first item.
+    Built from ``uname(2)`` and ``confstr``, without the processor name:
+    ``platform.platform()`` runs ``uname -p`` in a subprocess to learn it (and
+    leaves it out when it is "unknown"), a fork and exec on the way to every
+    run's first item.
     """
     u = os.uname()
     if u.sysname != "Linux":
