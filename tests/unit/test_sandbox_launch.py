@@ -19,7 +19,8 @@ from stockade.sandbox.bwrap import (
     scratch_mount_points,
 )
 from stockade.sandbox.landlock import landlock_request
-from stockade.sandbox.macos import sbpl_profile, sbpl_quote, ulimit_prefix
+from stockade.sandbox.macos import sbpl_profile, sbpl_quote
+from stockade.sandbox.policy import ulimit_prefix
 from tests.unit.test_sandbox_seccomp import ALLOW, ARCH, EACCES, run_bpf
 
 LAYOUT = HostLayout(

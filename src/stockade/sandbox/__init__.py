@@ -20,14 +20,28 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stockade.errors import InfraError
 from stockade.sandbox import _lifetime
 from stockade.sandbox._direct import launch_here
 from stockade.sandbox.base import Availability, Backend, Running
 from stockade.sandbox.policy import ENV_ALLOWLIST, ExtraMount, NetworkMode, Policy, Resources
-from stockade.sandbox.proxy import EgressProxy
+
+if TYPE_CHECKING:
+    from stockade.sandbox.proxy import EgressProxy
+
+
+def __getattr__(name: str) -> Any:
+    # The egress proxy (sockets, threads, HTTP parsing) is imported by the
+    # runs whose steps have an allowlist, not on every run's way to its
+    # first item.
+    if name == "EgressProxy":
+        from stockade.sandbox.proxy import EgressProxy
+
+        return EgressProxy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 BACKEND_NAMES: tuple[str, ...] = ("bwrap", "landlock", "sandbox-exec", "none")
 INSTALL_HINTS: Mapping[str, str] = {

@@ -63,16 +63,19 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, TYPE_CHECKING, Literal
 
 from stockade.errors import InfraError
 from stockade.sandbox import _direct, _lifetime, _reach, _uids, seccomp
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox._tmp import owned_tmpdir
 from stockade.sandbox.base import Availability, Backend, InputSharing, Running
-from stockade.sandbox.image import RootOp, root_plan
-from stockade.sandbox.image import listing as _image_listing
-from stockade.sandbox.policy import Policy, Resources, base_rlimits
+from stockade.sandbox.policy import Policy, Resources, base_rlimits, proxy_env, proxy_url
+
+if TYPE_CHECKING:
+    # Imported where an image root is planned: tarfile and gzip are not on
+    # the way of a run without images.
+    from stockade.sandbox.image import RootOp
 
 JAIL_HOME = "/home/stockade"
 JAIL_TMP = "/tmp"
@@ -177,22 +180,6 @@ def jail_env(policy: Policy) -> dict[str, str]:
     env["TMPDIR"] = JAIL_TMP
     if policy.network == "proxy":
         env.update(proxy_env(proxy_url(policy, PROXY_PORT)))
-    return env
-
-
-def proxy_url(policy: Policy, port: int) -> str:
-    """The proxy URL a jail gets: the loopback relay, with the item's credential."""
-    if policy.proxy_token is None:
-        raise InfraError("network: proxy needs the egress proxy's credential (policy.proxy_token)")
-    return f"http://stockade:{policy.proxy_token}@127.0.0.1:{port}"
-
-
-def proxy_env(url: str) -> dict[str, str]:
-    env = {}
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        env[name] = url
-        env[name.lower()] = url
-    env["NO_PROXY"] = env["no_proxy"] = ""
     return env
 
 
@@ -632,6 +619,8 @@ class BwrapBackend(Backend):
         limits: list[tuple[int, int]] | None = None
         if policy.image_root is not None:
             paths.append(str(policy.image_root))
+            from stockade.sandbox.image import root_plan
+
             root_ops = root_plan(str(policy.image_root), image_points(policy), self._listing)
             limits = image_limits(policy.resources, jail_uid=user is not None)
         if layout.etc_dir is not None and not self._etc_reachable:
@@ -709,7 +698,9 @@ class BwrapBackend(Backend):
         if hit is None:
             if len(self._listings) > 256:
                 self._listings.clear()
-            hit = self._listings[folder] = _image_listing(folder)
+            from stockade.sandbox.image import listing
+
+            hit = self._listings[folder] = listing(folder)
         return hit
 
     def _bridge_point(self, source: str) -> str:

@@ -53,11 +53,9 @@ from stockade.sandbox.bwrap import (
     HostLayout,
     _resolved,
     _searchable_by_others,
-    proxy_env,
-    proxy_url,
     scan_host,
 )
-from stockade.sandbox.policy import NetworkMode, Policy, base_rlimits
+from stockade.sandbox.policy import NetworkMode, Policy, base_rlimits, proxy_env, proxy_url
 
 #: Device files a jail may read and write; random sources it may read.
 DEV_RW: tuple[str, ...] = ("/dev/null", "/dev/zero", "/dev/full")

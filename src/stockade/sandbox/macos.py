@@ -19,8 +19,7 @@ from stockade.errors import InfraError
 from stockade.sandbox import _lifetime
 from stockade.sandbox._popen import PopenJail
 from stockade.sandbox.base import Availability, Backend, Running
-from stockade.sandbox.bwrap import proxy_env, proxy_url
-from stockade.sandbox.policy import Policy, Resources
+from stockade.sandbox.policy import Policy, proxy_env, proxy_url, ulimit_prefix
 
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
 #: What a process needs to start on macOS: the dyld shared cache, system
@@ -91,22 +90,6 @@ def sbpl_profile(policy: Policy, *, proxy_port: int | None = None) -> str:
         lines.append(f'(allow network-outbound (remote tcp "localhost:{port}"))')
         lines.append("(allow system-socket)")
     return "\n".join(lines) + "\n"
-
-
-def ulimit_prefix(resources: Resources) -> list[str]:
-    """A POSIX ``sh`` wrapper setting rlimits (``-f`` counts 512-byte blocks)."""
-    opts: list[str] = []
-    if resources.memory_bytes is not None:
-        opts.append(f"ulimit -v {max(resources.memory_bytes // 1024, 1)}")
-    if resources.cpu_seconds is not None:
-        opts.append(f"ulimit -t {resources.cpu_seconds}")
-    if resources.processes is not None:
-        opts.append(f"ulimit -u {resources.processes}")
-    if resources.file_size_bytes is not None:
-        opts.append(f"ulimit -f {max(resources.file_size_bytes // 512, 1)}")
-    if not opts:
-        return []
-    return ["/bin/sh", "-c", "; ".join(opts) + '; exec "$0" "$@"']
 
 
 def sandbox_exec_argv(policy: Policy, *, proxy_port: int | None = None) -> list[str]:

@@ -32,8 +32,7 @@ from stockade.sandbox._forkserver import _count_processes
 from stockade.sandbox._popen import PopenJail
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox.base import Availability, Backend, Running
-from stockade.sandbox.macos import ulimit_prefix
-from stockade.sandbox.policy import Policy, Resources, base_rlimits
+from stockade.sandbox.policy import Policy, Resources, base_rlimits, ulimit_prefix
 
 Launcher = Literal["direct", "helper"]
 

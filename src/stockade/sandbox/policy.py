@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from stockade.errors import InfraError
+
 #: The only host variables a step's environment is built from (besides its own
 #: ``env`` and the secrets it lists). HOME and TMPDIR are set by the backend to
 #: places inside the jail.
@@ -98,3 +100,35 @@ def base_rlimits(resources: Resources) -> list[tuple[int, int]]:
         if value is not None:
             out.append((which, value))
     return out
+
+
+def ulimit_prefix(resources: Resources) -> list[str]:
+    """A POSIX ``sh`` wrapper setting rlimits (``-f`` counts 512-byte blocks)."""
+    opts: list[str] = []
+    if resources.memory_bytes is not None:
+        opts.append(f"ulimit -v {max(resources.memory_bytes // 1024, 1)}")
+    if resources.cpu_seconds is not None:
+        opts.append(f"ulimit -t {resources.cpu_seconds}")
+    if resources.processes is not None:
+        opts.append(f"ulimit -u {resources.processes}")
+    if resources.file_size_bytes is not None:
+        opts.append(f"ulimit -f {max(resources.file_size_bytes // 512, 1)}")
+    if not opts:
+        return []
+    return ["/bin/sh", "-c", "; ".join(opts) + '; exec "$0" "$@"']
+
+
+def proxy_url(policy: Policy, port: int) -> str:
+    """The proxy URL a jail gets: the loopback relay, with the item's credential."""
+    if policy.proxy_token is None:
+        raise InfraError("network: proxy needs the egress proxy's credential (policy.proxy_token)")
+    return f"http://stockade:{policy.proxy_token}@127.0.0.1:{port}"
+
+
+def proxy_env(url: str) -> dict[str, str]:
+    env = {}
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        env[name] = url
+        env[name.lower()] = url
+    env["NO_PROXY"] = env["no_proxy"] = ""
+    return env
