@@ -136,41 +136,55 @@ def scan_host() -> HostLayout:
 ETC_NEVER = ("shadow", "gshadow", "private", "sudoers", "ssh")
 
 
-def build_etc(layout: HostLayout, dest: Path) -> HostLayout:
+def build_etc(layout: HostLayout, dest: Path, source_root: str = "/etc") -> HostLayout:
     """Copy the allowed /etc entries into ``dest`` (symlinks kept as symlinks).
 
     The copy is a snapshot taken once per engine process; the resolver file
     is included (bwrap shows it only with ``network: open`` in effect, as the
-    jail has no other network).
+    jail has no other network). Folders become 0755 and files 0644, whoever
+    owned them: the jail's uid must read them. Only contents, modes and link
+    targets are copied (no times or xattrs): a copy per entry would be
+    hundreds of system calls more for ``ssl/certs`` alone, on the way to
+    every run's first item. ``source_root`` is for tests.
     """
-
-    def ignore(_dir: str, names: list[str]) -> list[str]:
-        return [n for n in names if n in ETC_NEVER]
-
     dest.mkdir(mode=0o755, parents=True, exist_ok=True)
     dest.chmod(0o755)
     for src in layout.etc:
-        target = dest / os.path.relpath(src, "/etc")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if os.path.islink(src):
-            os.symlink(os.readlink(src), target)
-        elif os.path.isdir(src):
-            shutil.copytree(src, target, symlinks=True, ignore=ignore)
-        elif os.access(src, os.R_OK):
-            shutil.copy2(src, target)
+        target = dest / os.path.relpath(src, source_root)
+        for folder in reversed(target.relative_to(dest).parents[:-1]):
+            if not (dest / folder).is_dir():
+                (dest / folder).mkdir()
+                (dest / folder).chmod(0o755)  # whatever the umask
+        _copy_entry(src, str(target), os.lstat(src).st_mode)
     if layout.resolv_conf and os.path.isfile(layout.resolv_conf):
-        shutil.copy2(layout.resolv_conf, dest / "resolv.conf")
-    for dirpath, dirnames, filenames in os.walk(dest):
-        for n in dirnames:
-            os.chmod(os.path.join(dirpath, n), 0o755)
-        for n in filenames:
-            p = os.path.join(dirpath, n)
-            if not os.path.islink(p):
-                os.chmod(p, 0o644)
+        _copy_file(layout.resolv_conf, str(dest / "resolv.conf"))
     return HostLayout(
         layout.symlinks, layout.dirs, layout.etc, layout.prlimit, layout.python,
         layout.resolv_conf, str(dest),
     )  # fmt: skip
+
+
+def _copy_entry(src: str, target: str, mode: int) -> None:
+    """One entry of the jail's /etc: a symlink as a symlink, a folder
+    without its ``ETC_NEVER`` entries, a file the engine can read; anything
+    else (a socket, a fifo, an unreadable file) is left out."""
+    if stat.S_ISLNK(mode):
+        os.symlink(os.readlink(src), target)
+    elif stat.S_ISDIR(mode):
+        os.mkdir(target, 0o755)
+        os.chmod(target, 0o755)  # whatever the umask
+        with os.scandir(src) as entries:
+            for e in entries:
+                if e.name not in ETC_NEVER:
+                    _copy_entry(e.path, os.path.join(target, e.name),
+                                e.stat(follow_symlinks=False).st_mode)
+    elif stat.S_ISREG(mode) and os.access(src, os.R_OK):
+        _copy_file(src, target)
+
+
+def _copy_file(src: str, target: str) -> None:
+    shutil.copyfile(src, target)
+    os.chmod(target, 0o644)
 
 
 def jail_env(policy: Policy) -> dict[str, str]:
