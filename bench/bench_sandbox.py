@@ -49,7 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from stockade.sandbox import Policy, get_backend
-from stockade.sandbox.bwrap import scan_host
+from stockade.sandbox._host import scan_host
 from stockade.workspace.spread import spread_subfolders
 
 COMMAND = "echo hi > out/x"

@@ -18,7 +18,8 @@ import pytest
 
 from stockade.errors import InfraError
 from stockade.sandbox import ExtraMount, Policy, Resources, get_backend
-from stockade.sandbox.landlock import landlock_request, scan_host
+from stockade.sandbox._host import scan_host
+from stockade.sandbox.landlock import landlock_request
 from stockade.workspace.artifacts import Artifact, materialise
 from stockade.workspace.placing import SHARE_MIN
 from tests.images import busybox_rootfs

@@ -9,9 +9,9 @@ import pytest
 
 from stockade.errors import InfraError
 from stockade.sandbox import ExtraMount, Policy, Resources, seccomp
+from stockade.sandbox._host import HostLayout
 from stockade.sandbox._reach import BridgePlan
 from stockade.sandbox.bwrap import (
-    HostLayout,
     bwrap_argv,
     jail_env,
     rlimit_prefix,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from stockade.sandbox._host import resolve
 from stockade.sandbox._uids import hand_to, take_back
-from stockade.sandbox.bwrap import _resolve
 
 
 @pytest.mark.parametrize(
@@ -33,7 +33,7 @@ def test_resolve_matches_realpath(tmp_path: Path, make: object) -> None:
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        got = _resolve(str(path))
+        got = resolve(str(path))
     except FileNotFoundError:
         got = "missing"
     expected = os.path.realpath(path) if path.name != "missing" else "missing"

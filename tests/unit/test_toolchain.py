@@ -13,8 +13,8 @@ from stockade.runner.toolchains import MountUse, Toolchain, changed
 from stockade.sandbox import ExtraMount
 from stockade.sandbox.bwrap import BwrapBackend
 from stockade.sandbox.image import Image
+from stockade.sandbox.policy import SYSTEM_DIRS
 from stockade.sandbox.toolchain import (
-    SYSTEM_DIRS,
     OutsideLink,
     fingerprint,
     needs_of,

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from stockade.errors import Problem, UserError
 from stockade.sandbox.base import Backend
-from stockade.sandbox.policy import ExtraMount
-from stockade.sandbox.toolchain import SYSTEM_DIRS, fingerprint, needs_of, within
+from stockade.sandbox.policy import SYSTEM_DIRS, ExtraMount
+from stockade.sandbox.toolchain import fingerprint, needs_of, within
 from stockade.spec import Spec
 
 if TYPE_CHECKING:  # imported by the steps that have an image: (tarfile, gzip, layers)

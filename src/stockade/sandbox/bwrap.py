@@ -51,22 +51,20 @@ Standard library only, with ``stockade.sandbox`` and ``stockade.errors``.
 
 from __future__ import annotations
 
-import functools
 import os
 import resource
 import shutil
-import stat
 import sys
 import tempfile
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Literal
 
 from stockade.errors import InfraError
 from stockade.sandbox import _direct, _lifetime, _reach, _uids, seccomp
+from stockade.sandbox._host import HostLayout, build_etc, reachable_by_others, resolved, scan_host
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox._tmp import owned_tmpdir
 from stockade.sandbox.base import Availability, Backend, InputSharing, Running
@@ -86,106 +84,6 @@ PROXY_PORT = 3128
 HELPER_DIR = "/.stockade"
 #: The host side of the in-jail relay to the egress proxy.
 RELAY_SCRIPT = str(Path(__file__).with_name("_relay.py"))
-
-SYSTEM_DIRS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-#: /etc entries a process commonly needs: the loader, users and groups for
-#: ``id``/``whoami``, name service config, time zone, TLS roots, locale, the
-#: Debian alternatives symlinks that ``/usr/bin`` points into.
-ETC_FILES: tuple[str, ...] = (
-    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf",
-    "hosts", "host.conf", "gai.conf", "localtime", "timezone", "ssl/certs", "ssl/openssl.cnf",
-    "ca-certificates", "ca-certificates.conf", "pki/tls/certs", "pki/ca-trust", "alternatives",
-    "os-release", "debian_version",
-    "lsb-release", "mime.types", "protocols", "services", "locale.alias", "locale.conf",
-    "inputrc", "terminfo", "magic", "magic.mime", "bash.bashrc", "profile", "shells",
-    "python3", "python3.11", "python3.12", "gitconfig",
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class HostLayout:
-    """What the host offers; scanned once so ``bwrap_argv`` can stay pure."""
-
-    symlinks: Mapping[str, str] = field(default_factory=dict)
-    dirs: tuple[str, ...] = ()
-    etc: tuple[str, ...] = ()
-    prlimit: str | None = None
-    python: str | None = None
-    resolv_conf: str | None = None
-    #: A host directory holding copies of ``etc`` (see ``build_etc``), bound
-    #: once as the jail's /etc: one mount instead of one per file (~0.2 ms each).
-    etc_dir: str | None = None
-
-
-def scan_host() -> HostLayout:
-    links: dict[str, str] = {}
-    dirs: list[str] = []
-    for p in SYSTEM_DIRS:
-        if os.path.islink(p):
-            links[p] = os.readlink(p)
-        elif os.path.isdir(p):
-            dirs.append(p)
-    etc = tuple(f"/etc/{n}" for n in ETC_FILES if os.path.lexists(f"/etc/{n}"))
-    resolv = os.path.realpath("/etc/resolv.conf") if os.path.exists("/etc/resolv.conf") else None
-    python = next((p for p in ("/usr/bin/python3", "/bin/python3") if os.path.exists(p)), None)
-    prlimit = next((p for p in ("/usr/bin/prlimit", "/bin/prlimit") if os.path.exists(p)), None)
-    return HostLayout(links, tuple(dirs), etc, prlimit, python, resolv)
-
-
-#: Never copied into a jail's /etc, even below an allowed directory.
-ETC_NEVER = ("shadow", "gshadow", "private", "sudoers", "ssh")
-
-
-def build_etc(layout: HostLayout, dest: Path, source_root: str = "/etc") -> HostLayout:
-    """Copy the allowed /etc entries into ``dest`` (symlinks kept as symlinks).
-
-    The copy is a snapshot taken once per engine process; the resolver file
-    is included (bwrap shows it only with ``network: open`` in effect, as the
-    jail has no other network). Folders become 0755 and files 0644, whoever
-    owned them: the jail's uid must read them. Only contents, modes and link
-    targets are copied (no times or xattrs): a copy per entry would be
-    hundreds of system calls more for ``ssl/certs`` alone, on the way to
-    every run's first item. ``source_root`` is for tests.
-    """
-    dest.mkdir(mode=0o755, parents=True, exist_ok=True)
-    dest.chmod(0o755)
-    for src in layout.etc:
-        target = dest / os.path.relpath(src, source_root)
-        for folder in reversed(target.relative_to(dest).parents[:-1]):
-            if not (dest / folder).is_dir():
-                (dest / folder).mkdir()
-                (dest / folder).chmod(0o755)  # whatever the umask
-        _copy_entry(src, str(target), os.lstat(src).st_mode)
-    if layout.resolv_conf and os.path.isfile(layout.resolv_conf):
-        _copy_file(layout.resolv_conf, str(dest / "resolv.conf"))
-    return HostLayout(
-        layout.symlinks, layout.dirs, layout.etc, layout.prlimit, layout.python,
-        layout.resolv_conf, str(dest),
-    )  # fmt: skip
-
-
-def _copy_entry(src: str, target: str, mode: int) -> None:
-    """One entry of the jail's /etc: a symlink as a symlink, a folder
-    without its ``ETC_NEVER`` entries, a file the engine can read; anything
-    else (a socket, a fifo, an unreadable file) is left out."""
-    if stat.S_ISLNK(mode):
-        os.symlink(os.readlink(src), target)
-    elif stat.S_ISDIR(mode):
-        os.mkdir(target, 0o755)
-        os.chmod(target, 0o755)  # whatever the umask
-        with os.scandir(src) as entries:
-            for e in entries:
-                if e.name not in ETC_NEVER:
-                    _copy_entry(e.path, os.path.join(target, e.name),
-                                e.stat(follow_symlinks=False).st_mode)
-    elif stat.S_ISREG(mode) and os.access(src, os.R_OK):
-        _copy_file(src, target)
-
-
-def _copy_file(src: str, target: str) -> None:
-    shutil.copyfile(src, target)
-    os.chmod(target, 0o644)
-
 
 def jail_env(policy: Policy) -> dict[str, str]:
     """The complete environment of the jailed process (HOME/TMPDIR inside)."""
@@ -397,70 +295,6 @@ def choose_launcher(env: Mapping[str, str]) -> Launcher:
     return "direct"
 
 
-@functools.lru_cache(maxsize=256)
-def _searchable_by_others(directory: str) -> bool:
-    """Every directory from / down to ``directory`` has o+x.
-
-    Cached: items of a run share these ancestors, and a permission change
-    between items can only make a jail fail to start, never widen it.
-    """
-    parent = os.path.dirname(directory)
-    if parent != directory and not _searchable_by_others(parent):
-        return False
-    try:
-        return bool(os.stat(directory).st_mode & stat.S_IXOTH)
-    except OSError:
-        return False
-
-
-@functools.lru_cache(maxsize=64)
-def _realpath_dir(directory: str) -> str:
-    """``realpath`` of a directory many items share (a step's folder)."""
-    return os.path.realpath(directory)
-
-
-def _resolve(path: str) -> str:
-    """``realpath(path)``, with the part above the last two names cached.
-
-    The last two names (an item's folder and its ``work/``) are new for every
-    item; when neither is a symlink the cached prefix is exact.
-    """
-    head, last = os.path.split(path)
-    top, middle = os.path.split(head)
-    if not last or not middle:
-        return os.path.realpath(path)
-    for p in (head, path):
-        if stat.S_ISLNK(os.lstat(p).st_mode):
-            return os.path.realpath(path)
-    return os.path.join(_realpath_dir(top), middle, last)
-
-
-def _resolved(path: str | Path) -> str:
-    """``_resolve``, or ``realpath`` for a path that is missing (the launcher reports it)."""
-    try:
-        return _resolve(os.fspath(path))
-    except OSError:
-        return os.path.realpath(path)
-
-
-def reachable_by_others(path: str | Path) -> bool:
-    """Other users can search every directory down to ``path`` and use ``path`` itself."""
-    try:
-        resolved = _resolve(os.path.abspath(path))
-        if not _searchable_by_others(os.path.dirname(os.path.dirname(resolved))):
-            return False
-        if not os.stat(os.path.dirname(resolved)).st_mode & stat.S_IXOTH:
-            return False
-        mode = os.stat(resolved).st_mode
-    except OSError:
-        return False
-    if stat.S_ISDIR(mode):
-        return bool(mode & stat.S_IXOTH and mode & stat.S_IROTH)
-    if stat.S_ISSOCK(mode):
-        return bool(mode & stat.S_IWOTH)
-    return bool(mode & stat.S_IROTH)
-
-
 def _remove_points(points: Sequence[str]) -> None:
     for p in points:
         parent = os.path.dirname(p) if not os.path.isdir(p) else p
@@ -571,7 +405,7 @@ class BwrapBackend(Backend):
 
         def item() -> list[_reach.Root]:
             roots = [_reach.Root(m.target, os.path.realpath(m.source), True) for m in policy.mounts]
-            return [*roots, _reach.Root(str(policy.work_dir), _resolved(policy.work_dir), True)]
+            return [*roots, _reach.Root(str(policy.work_dir), resolved(policy.work_dir), True)]
 
         tops = [*(m.target for m in policy.mounts), str(policy.work_dir)]
         return self._path_filter(value, system, item, tops, uid)
@@ -745,6 +579,5 @@ def running_as_root() -> bool:
 
 
 __all__: Sequence[str] = (
-    "BwrapBackend", "HostLayout", "bwrap_argv", "choose_launcher", "image_limits",
-    "image_points", "jail_env", "scan_host",
+    "BwrapBackend", "bwrap_argv", "choose_launcher", "image_limits", "image_points", "jail_env",
 )

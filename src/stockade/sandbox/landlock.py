@@ -47,14 +47,9 @@ from typing import IO, Any, Literal
 
 from stockade.errors import InfraError
 from stockade.sandbox import _direct, _landlock, _lifetime, _netns, _reach, _uids, seccomp
+from stockade.sandbox._host import HostLayout, resolved, scan_host, searchable_by_others
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox.base import Availability, Backend, InputSharing, Running
-from stockade.sandbox.bwrap import (
-    HostLayout,
-    _resolved,
-    _searchable_by_others,
-    scan_host,
-)
 from stockade.sandbox.policy import NetworkMode, Policy, base_rlimits, proxy_env, proxy_url
 
 #: Device files a jail may read and write; random sources it may read.
@@ -346,7 +341,7 @@ class LandlockBackend(Backend):
         def item() -> list[_reach.Root]:
             # Bound: folders above them are bridged when the jail cannot search them.
             own = (policy.work_dir, policy.scratch_dir)
-            roots = [_reach.Root(str(p), _resolved(p), True) for p in own]
+            roots = [_reach.Root(str(p), resolved(p), True) for p in own]
             return roots + [
                 _reach.Root(m.target, os.path.realpath(m.source), True) for m in policy.mounts
             ]
@@ -465,7 +460,7 @@ class LandlockBackend(Backend):
         With bridges, work/ and scratch are named by their resolved paths: a
         symlink on the way may sit in a folder the bridge hides.
         """
-        work, scratch = _resolved(policy.work_dir), _resolved(policy.scratch_dir)
+        work, scratch = resolved(policy.work_dir), resolved(policy.scratch_dir)
         paths = [(work, True), (scratch, True)]
         paths += [
             (os.path.realpath(m.source), m.source.is_dir())
@@ -473,9 +468,9 @@ class LandlockBackend(Backend):
             if m.source.exists()
         ]
         # The common case in a few cached lookups: every folder above is open.
-        if all(_searchable_by_others(os.path.dirname(p)) for p, _ in paths):
+        if all(searchable_by_others(os.path.dirname(p)) for p, _ in paths):
             return policy, None
-        plan = _reach.bridge_plan(paths, _searchable_by_others)
+        plan = _reach.bridge_plan(paths, searchable_by_others)
         if plan is None or (work, scratch) == (str(policy.work_dir), str(policy.scratch_dir)):
             return policy, plan
         return replace(policy, work_dir=Path(work), scratch_dir=Path(scratch)), plan

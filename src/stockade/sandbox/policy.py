@@ -20,6 +20,9 @@ from stockade.errors import InfraError
 #: ``env`` and the secrets it lists). HOME and TMPDIR are set by the backend to
 #: places inside the jail.
 ENV_ALLOWLIST: tuple[str, ...] = ("PATH", "HOME", "TERM", "LANG", "LC_ALL", "TZ", "SHELL", "TMPDIR")
+#: Host folders every jail without ``image:`` sees read-only (bwrap binds
+#: them, landlock allows them), where they exist on the host.
+SYSTEM_DIRS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,6 @@ import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-#: Host folders every jail without ``image:`` sees read-only (as bwrap binds
-#: them and landlock allows them); kept equal to ``bwrap.SYSTEM_DIRS``.
-SYSTEM_DIRS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-
 
 def within(path: str, top: str) -> bool:
     """``path`` is ``top`` or below it (both absolute and normalised)."""

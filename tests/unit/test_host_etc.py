@@ -1,4 +1,4 @@
-"""The jail's /etc: ``bwrap.build_etc`` copies the allowed entries of a host
+"""The jail's /etc: ``_host.build_etc`` copies the allowed entries of a host
 /etc into one folder that every bwrap jail binds.
 
 On a fake /etc: what is copied, what is left out, and the modes a jail's uid
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stockade.sandbox.bwrap import HostLayout, build_etc
+from stockade.sandbox._host import HostLayout, build_etc
 
 
 @pytest.fixture
