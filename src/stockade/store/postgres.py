@@ -4,13 +4,14 @@ Same contract as ``SQLiteStore`` (one shared suite in ``tests/contract``). Table
 are prefixed ``stockade_`` so the store can live in a database that also holds
 sink tables. Lease writes are single conditional statements in their own short
 transaction, timed by ``clock_timestamp()`` so no client clock decides expiry.
+The reads are the shared queries of ``store._sql``, spelt for PostgreSQL by
+``to_postgres``; list parameters are one array each (``= ANY(%s)``).
 
 Must not import runner, workspace, sandbox or cli.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -22,17 +23,11 @@ import psycopg
 from stockade.errors import InfraError
 from stockade.store._rows import (
     ITEM_COLUMNS,
-    SPAN_COLUMNS,
-    attempt_from_row,
     dump_json,
     effect_from_row,
-    item_from_row,
     reuse_found,
-    run_from_row,
-    run_tallies_from_rows,
-    spans_from_rows,
-    tallies_from_rows,
 )
+from stockade.store._sql import SQLStore, to_postgres
 from stockade.store.base import (
     REUSE_KEEP,
     ArtifactRecord,
@@ -41,15 +36,12 @@ from stockade.store.base import (
     Event,
     FenceCheck,
     ItemRecord,
-    ItemSpan,
     Lease,
     PublishRecord,
     ReuseCandidate,
     ReuseEntry,
     RunExists,
     RunRecord,
-    StepTally,
-    Store,
 )
 from stockade.store.pg_schema import SCHEMA
 
@@ -81,7 +73,7 @@ def redact(conninfo: str) -> str:
     return conninfo
 
 
-class PostgresStore(Store):
+class PostgresStore(SQLStore):
     """A run store in PostgreSQL. A small pool of autocommit connections, one per operation."""
 
     def __init__(self, conninfo: str, *, pool_size: int = 8) -> None:
@@ -129,6 +121,15 @@ class PostgresStore(Store):
         with self._conn() as conn:
             return list(conn.execute(sql, args).fetchall())
 
+    def _spell(self, sql: str) -> str:
+        return to_postgres(sql)
+
+    def _in(self, column: str, values: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
+        # One array parameter, whatever the number of values.
+        if not values:
+            return "1=0", ()
+        return f"{column} = ANY(?)", (list(values),)
+
     # -- runs --------------------------------------------------------------
 
     def create_run(self, run: RunRecord) -> None:
@@ -148,22 +149,6 @@ class PostgresStore(Store):
                 "UPDATE stockade_runs SET status=%s, ended_at=%s WHERE run_id=%s",
                 (status, ended_at, run_id),
             )
-
-    def get_run(self, run_id: str) -> RunRecord | None:
-        rows = self._rows("SELECT * FROM stockade_runs WHERE run_id=%s", (run_id,))
-        return run_from_row(rows[0]) if rows else None
-
-    def list_runs(self, limit: int = 50) -> list[RunRecord]:
-        rows = self._rows(
-            "SELECT * FROM stockade_runs ORDER BY started_at DESC, run_id DESC LIMIT %s", (limit,)
-        )
-        return [run_from_row(r) for r in rows]
-
-    def find_runs(self, prefix: str, limit: int = 20) -> list[RunRecord]:
-        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        rows = self._rows("SELECT * FROM stockade_runs WHERE run_id LIKE %s "
-                          "ORDER BY started_at DESC, run_id DESC LIMIT %s", (pattern, limit))
-        return [run_from_row(r) for r in rows if r[0].startswith(prefix)]
 
     def delete_run(self, run_id: str) -> None:
         with self._tx() as cur:
@@ -220,14 +205,6 @@ class PostgresStore(Store):
                  a.ended_at, a.message, None if a.provenance is None else dump_json(a.provenance)),
             )
 
-    def attempts(self, run_id: str, step: str, item: int) -> list[AttemptRecord]:
-        rows = self._rows(
-            "SELECT * FROM stockade_attempts WHERE run_id=%s AND step=%s AND item=%s"
-            " ORDER BY attempt",
-            (run_id, step, item),
-        )
-        return [attempt_from_row(r) for r in rows]
-
     def complete_item(self, item: ItemRecord, outputs: list[ArtifactRecord]) -> None:
         i = item
         with self._tx() as cur:
@@ -262,103 +239,6 @@ class PostgresStore(Store):
             )
             cur.execute("DELETE FROM stockade_items WHERE run_id=%s AND step=%s AND item=%s", args)
 
-    def items(self, run_id: str, step: str | None = None) -> list[ItemRecord]:
-        where, args = (
-            ("run_id=%s", (run_id,)) if step is None else ("run_id=%s AND step=%s", (run_id, step))
-        )
-        arts: dict[tuple[str, int], list[ArtifactRecord]] = {}
-        for r in self._rows(f"SELECT * FROM stockade_artifacts WHERE {where} ORDER BY name", args):
-            arts.setdefault((r[1], r[2]), []).append(ArtifactRecord(*r))
-        out = []
-        for r in self._rows(f"SELECT {ITEM_COLUMNS} FROM stockade_items WHERE {where} ORDER BY step, item", args):
-            out.append(item_from_row(r, arts.get((r[1], r[2]), ())))
-        return out
-
-    def reused_counts(self, run_id: str) -> dict[str, int]:
-        rows = self._rows("SELECT step, count(*) FROM stockade_items WHERE run_id=%s AND"
-                          " reused_from IS NOT NULL GROUP BY step", (run_id,))
-        return {str(step): int(n) for step, n in rows}
-
-    def get_item(self, run_id: str, step: str, item: int) -> ItemRecord | None:
-        args = (run_id, step, item)
-        rows = self._rows(
-            f"SELECT {ITEM_COLUMNS} FROM stockade_items WHERE run_id=%s AND step=%s AND item=%s", args)
-        if not rows:
-            return None
-        arts = [ArtifactRecord(*r) for r in self._rows(
-            "SELECT * FROM stockade_artifacts WHERE run_id=%s AND step=%s AND item=%s"
-            " ORDER BY name", args)]
-        return item_from_row(rows[0], arts)
-
-    def _with_outputs(self, run_id: str, rows: list[tuple[Any, ...]]) -> list[ItemRecord]:
-        arts: dict[tuple[str, int], list[ArtifactRecord]] = {}
-        by_step: dict[str, list[int]] = {}
-        for r in rows:
-            by_step.setdefault(r[1], []).append(r[2])
-        for step, indexes in by_step.items():
-            for a in self._rows("SELECT * FROM stockade_artifacts WHERE run_id=%s AND step=%s"
-                                " AND item = ANY(%s) ORDER BY name", (run_id, step, indexes)):
-                arts.setdefault((a[1], a[2]), []).append(ArtifactRecord(*a))
-        return [item_from_row(r, arts.get((r[1], r[2]), ())) for r in rows]
-
-    def item_page(self, run_id: str, step: str, *, offset: int = 0, limit: int = 100,
-                  statuses: Sequence[str] | None = None,
-                  from_index: int = 0) -> list[ItemRecord]:
-        where = "run_id=%s AND step=%s AND item>=%s"
-        args: list[Any] = [run_id, step, from_index]
-        if statuses is not None:
-            where, args = where + " AND status = ANY(%s)", [*args, list(statuses)]
-        rows = self._rows(f"SELECT {ITEM_COLUMNS} FROM stockade_items WHERE {where} ORDER BY item"
-                          " LIMIT %s OFFSET %s",
-                          (*args, max(0, min(limit, 1000)), max(0, offset)))
-        return self._with_outputs(run_id, rows)
-
-    def find_item(self, run_id: str, step: str, *, index: int | None = None,
-                  key: str | None = None) -> ItemRecord | None:
-        if index is not None:
-            rows = self._rows(f"SELECT {ITEM_COLUMNS} FROM stockade_items WHERE run_id=%s AND step=%s"
-                              " AND item=%s", (run_id, step, index))
-        elif key is not None:
-            rows = self._rows(f"SELECT {ITEM_COLUMNS} FROM stockade_items WHERE run_id=%s AND step=%s"
-                              " AND key=%s", (run_id, step, key))
-            if not rows and key.isdigit() and int(key) < 2**31:
-                rows = self._rows(f"SELECT {ITEM_COLUMNS} FROM stockade_items WHERE run_id=%s AND step=%s"
-                                  " AND key='' AND item=%s", (run_id, step, int(key)))
-        else:
-            raise ValueError("find_item needs an index or a key")
-        found = self._with_outputs(run_id, rows[:1])
-        return found[0] if found else None
-
-    def step_tallies(self, run_id: str,
-                     steps: Sequence[str] | None = None) -> dict[str, StepTally]:
-        where = "run_id=%s"
-        args: tuple[Any, ...] = (run_id,)
-        if steps is not None:
-            where += " AND step = ANY(%s)"
-            args += (list(steps),)
-        return tallies_from_rows(self._rows(
-            "SELECT step, status, COUNT(*), MIN(started_at), MAX(ended_at) FROM stockade_items"
-            f" WHERE {where} GROUP BY step, status", args))
-
-    def run_tallies(self, run_ids: Sequence[str]) -> dict[str, dict[str, int]]:
-        if not run_ids:
-            return {}
-        return run_tallies_from_rows(self._rows(
-            "SELECT run_id, status, COUNT(*) FROM stockade_items WHERE run_id = ANY(%s)"
-            " GROUP BY run_id, status", (list(run_ids),)))
-
-    def item_spans(self, run_id: str, *, step: str | None = None,
-                   ended_after: float | None = None) -> list[ItemSpan]:
-        where = "run_id=%s"
-        args: list[Any] = [run_id]
-        if step is not None:
-            where, args = where + " AND step=%s", [*args, step]
-        if ended_after is not None:
-            where, args = where + " AND ended_at>%s", [*args, ended_after]
-        return spans_from_rows(self._rows(
-            f"SELECT {SPAN_COLUMNS} FROM stockade_items WHERE {where} ORDER BY step, item",
-            tuple(args)))
-
     def span_bins(self, run_id: str, origin: float, width: float) -> list[tuple[str, str, int, int]]:
         return [(r[0], r[1], int(r[2]), int(r[3])) for r in self._rows(
             "SELECT step, status, CAST(FLOOR((ended_at - %s) / %s) AS INTEGER) AS b, COUNT(*)"
@@ -367,33 +247,12 @@ class PostgresStore(Store):
 
     # -- events ------------------------------------------------------------
 
-    def events_of(self, run_ids: Sequence[str], kinds: Sequence[str],
-                  after_id: int = 0) -> list[Event]:
-        if not run_ids or not kinds:
-            return []
-        rows = self._rows(
-            "SELECT id, run_id, at, kind, data FROM stockade_events WHERE run_id = ANY(%s)"
-            " AND kind = ANY(%s) AND id>%s ORDER BY id", (list(run_ids), list(kinds), after_id))
-        return [
-            Event(run_id=r[1], at=r[2], kind=r[3], data=json.loads(r[4]), id=int(r[0])) for r in rows
-        ]
-
     def add_event(self, event: Event) -> None:
         with self._tx() as cur:
             cur.execute(
                 "INSERT INTO stockade_events (run_id, at, kind, data) VALUES (%s,%s,%s,%s)",
                 (event.run_id, event.at, event.kind, dump_json(event.data)),
             )
-
-    def events(self, run_id: str, after_id: int = 0) -> list[Event]:
-        rows = self._rows(
-            "SELECT id, run_id, at, kind, data FROM stockade_events WHERE run_id=%s AND id>%s"
-            " ORDER BY id",
-            (run_id, after_id),
-        )
-        return [
-            Event(run_id=r[1], at=r[2], kind=r[3], data=json.loads(r[4]), id=int(r[0])) for r in rows
-        ]
 
     # -- leases ------------------------------------------------------------
 
@@ -462,15 +321,6 @@ class PostgresStore(Store):
                 {"now": now, "name": name, "holder": holder},
             )
 
-    def get_lease(self, name: str) -> Lease | None:
-        rows = self._rows(
-            "SELECT name, holder, token, expires_at FROM stockade_leases WHERE name = %s", (name,)
-        )
-        if not rows or rows[0][2] == 0:
-            return None
-        r = rows[0]
-        return Lease(name=r[0], holder=r[1], token=int(r[2]), expires_at=float(r[3]))
-
     # -- fences ------------------------------------------------------------
 
     def advance_fence(self, scope: str, token: int, holder: str) -> FenceCheck:
@@ -490,14 +340,6 @@ class PostgresStore(Store):
                 (token, holder, scope),
             )
             return FenceCheck(accepted=True, high_water=token, holder=holder)
-
-    def get_fence(self, scope: str) -> FenceCheck | None:
-        rows = self._rows(
-            "SELECT high_water, holder FROM stockade_fences WHERE scope = %s", (scope,)
-        )
-        if not rows:
-            return None
-        return FenceCheck(accepted=True, high_water=int(rows[0][0]), holder=str(rows[0][1]))
 
     # -- effects -----------------------------------------------------------
 
@@ -531,15 +373,6 @@ class PostgresStore(Store):
                 (status, token, at, message, key),
             )
 
-    def get_effect(self, key: str) -> Effect | None:
-        rows = self._rows("SELECT * FROM stockade_effects WHERE key = %s", (key,))
-        return effect_from_row(rows[0]) if rows else None
-
-    def effects(self, run_id: str) -> list[Effect]:
-        return [effect_from_row(r) for r in self._rows(
-            "SELECT * FROM stockade_effects WHERE run_id = %s ORDER BY key", (run_id,)
-        )]
-
     def swap_last_publish(self, record: PublishRecord) -> PublishRecord | None:
         r = record
         with self._tx() as cur:
@@ -557,12 +390,6 @@ class PostgresStore(Store):
                  r.run_started_at, r.token),
             )
         return PublishRecord(*old) if old else None
-
-    def get_last_publish(self, lease: str) -> PublishRecord | None:
-        rows = self._rows(
-            "SELECT lease, run_id, key, payload_sha256, input_fingerprint, at, run_started_at, token FROM stockade_last_publish WHERE lease = %s", (lease,)
-        )
-        return PublishRecord(*rows[0]) if rows else None
 
     def close(self) -> None:
         with self._lock:

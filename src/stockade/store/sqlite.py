@@ -1,33 +1,30 @@
 """SQLite implementation of the run store (WAL mode, one file per root).
 
+The reads are the shared queries of ``store._sql``; here are the schema and
+its migrations, and the writes with their transactions (``BEGIN IMMEDIATE``
+on one connection; ``synchronous=FULL`` for leases, fences and effects).
+
 Must not import runner, workspace, sandbox or cli.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from stockade.store._rows import (
     ITEM_COLUMNS,
-    SPAN_COLUMNS,
-    attempt_from_row,
     dump_json,
     effect_from_row,
-    item_from_row,
     reuse_found,
-    run_from_row,
-    run_tallies_from_rows,
-    spans_from_rows,
-    tallies_from_rows,
 )
+from stockade.store._sql import SQLStore
 from stockade.store.base import (
     REUSE_KEEP,
     ArtifactRecord,
@@ -36,15 +33,12 @@ from stockade.store.base import (
     Event,
     FenceCheck,
     ItemRecord,
-    ItemSpan,
     Lease,
     PublishRecord,
     ReuseCandidate,
     ReuseEntry,
     RunExists,
     RunRecord,
-    StepTally,
-    Store,
 )
 
 SCHEMA = """
@@ -173,7 +167,7 @@ _INSERT_ITEM = f"INSERT OR REPLACE INTO items ({ITEM_COLUMNS}) VALUES (?,?,?,?,?
 _INSERT_OUTPUT = "INSERT INTO artifacts VALUES (?,?,?,?,?,?,?)"
 
 
-class SQLiteStore(Store):
+class SQLiteStore(SQLStore):
     """A run store in one SQLite file. One connection, serialised by a lock."""
 
     def __init__(self, path: Path | str) -> None:
@@ -290,20 +284,6 @@ class SQLiteStore(Store):
     def update_run(self, run_id: str, *, status: str, ended_at: float | None) -> None:
         self._tx([("UPDATE runs SET status=?, ended_at=? WHERE run_id=?", (status, ended_at, run_id))])
 
-    def get_run(self, run_id: str) -> RunRecord | None:
-        rows = self._rows("SELECT * FROM runs WHERE run_id=?", (run_id,))
-        return run_from_row(rows[0]) if rows else None
-
-    def list_runs(self, limit: int = 50) -> list[RunRecord]:
-        rows = self._rows("SELECT * FROM runs ORDER BY started_at DESC, run_id DESC LIMIT ?", (limit,))
-        return [run_from_row(r) for r in rows]
-
-    def find_runs(self, prefix: str, limit: int = 20) -> list[RunRecord]:
-        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        rows = self._rows("SELECT * FROM runs WHERE run_id LIKE ? ESCAPE '\\' "
-                          "ORDER BY started_at DESC, run_id DESC LIMIT ?", (pattern, limit))
-        return [run_from_row(r) for r in rows if r[0].startswith(prefix)]
-
     def delete_run(self, run_id: str) -> None:
         self._tx([(f"DELETE FROM {table} WHERE run_id=?", (run_id,))
                   for table in ("artifacts", "items", "attempts", "events", "effects",
@@ -359,13 +339,6 @@ class SQLiteStore(Store):
     def record_attempt(self, attempt: AttemptRecord) -> None:
         self._tx([self._attempt_stmt(attempt)])
 
-    def attempts(self, run_id: str, step: str, item: int) -> list[AttemptRecord]:
-        rows = self._rows(
-            "SELECT * FROM attempts WHERE run_id=? AND step=? AND item=? ORDER BY attempt",
-            (run_id, step, item),
-        )
-        return [attempt_from_row(r) for r in rows]
-
     @staticmethod
     def _item_row(i: ItemRecord) -> tuple[Any, ...]:
         return (i.run_id, i.step, i.item, i.status, i.attempt, dump_json(i.result),
@@ -417,99 +390,6 @@ class SQLiteStore(Store):
             ("DELETE FROM items WHERE run_id=? AND step=? AND item=?", (run_id, step, item)),
         ])
 
-    def items(self, run_id: str, step: str | None = None) -> list[ItemRecord]:
-        where, args = ("run_id=?", (run_id,)) if step is None else ("run_id=? AND step=?", (run_id, step))
-        arts: dict[tuple[str, int], list[ArtifactRecord]] = {}
-        for r in self._rows(f"SELECT * FROM artifacts WHERE {where} ORDER BY name", args):
-            arts.setdefault((r[1], r[2]), []).append(ArtifactRecord(*r))
-        out = []
-        for r in self._rows(f"SELECT {ITEM_COLUMNS} FROM items WHERE {where} ORDER BY step, item", args):
-            out.append(item_from_row(r, arts.get((r[1], r[2]), ())))
-        return out
-
-    def reused_counts(self, run_id: str) -> dict[str, int]:
-        rows = self._rows("SELECT step, count(*) FROM items WHERE run_id=? AND reused_from IS "
-                          "NOT NULL GROUP BY step", (run_id,))
-        return {str(step): int(n) for step, n in rows}
-
-    def get_item(self, run_id: str, step: str, item: int) -> ItemRecord | None:
-        args = (run_id, step, item)
-        rows = self._rows(f"SELECT {ITEM_COLUMNS} FROM items WHERE run_id=? AND step=? AND item=?", args)
-        if not rows:
-            return None
-        arts = [ArtifactRecord(*r) for r in self._rows(
-            "SELECT * FROM artifacts WHERE run_id=? AND step=? AND item=? ORDER BY name", args)]
-        return item_from_row(rows[0], arts)
-
-    def _with_outputs(self, run_id: str, rows: list[tuple[Any, ...]]) -> list[ItemRecord]:
-        arts: dict[tuple[str, int], list[ArtifactRecord]] = {}
-        by_step: dict[str, list[int]] = {}
-        for r in rows:
-            by_step.setdefault(r[1], []).append(r[2])
-        for step, indexes in by_step.items():
-            marks = ",".join("?" * len(indexes))
-            for a in self._rows(f"SELECT * FROM artifacts WHERE run_id=? AND step=? AND item IN "
-                                f"({marks}) ORDER BY name", (run_id, step, *indexes)):
-                arts.setdefault((a[1], a[2]), []).append(ArtifactRecord(*a))
-        return [item_from_row(r, arts.get((r[1], r[2]), ())) for r in rows]
-
-    def item_page(self, run_id: str, step: str, *, offset: int = 0, limit: int = 100,
-                  statuses: Sequence[str] | None = None,
-                  from_index: int = 0) -> list[ItemRecord]:
-        where = "run_id=? AND step=? AND item>=?"
-        args: list[Any] = [run_id, step, from_index]
-        if statuses is not None:
-            where += f" AND status IN ({','.join('?' * len(statuses))})" if statuses else " AND 0"
-            args += list(statuses)
-        rows = self._rows(f"SELECT {ITEM_COLUMNS} FROM items WHERE {where} ORDER BY item LIMIT ? OFFSET ?",
-                          (*args, max(0, min(limit, 1000)), max(0, offset)))
-        return self._with_outputs(run_id, rows)
-
-    def find_item(self, run_id: str, step: str, *, index: int | None = None,
-                  key: str | None = None) -> ItemRecord | None:
-        if index is not None:
-            rows = self._rows(f"SELECT {ITEM_COLUMNS} FROM items WHERE run_id=? AND step=? AND item=?",
-                              (run_id, step, index))
-        elif key is not None:
-            rows = self._rows(f"SELECT {ITEM_COLUMNS} FROM items WHERE run_id=? AND step=? AND key=?",
-                              (run_id, step, key))
-            if not rows and key.isdigit():
-                rows = self._rows(f"SELECT {ITEM_COLUMNS} FROM items WHERE run_id=? AND step=? AND key='' "
-                                  "AND item=?", (run_id, step, int(key)))
-        else:
-            raise ValueError("find_item needs an index or a key")
-        found = self._with_outputs(run_id, rows[:1])
-        return found[0] if found else None
-
-    def step_tallies(self, run_id: str,
-                     steps: Sequence[str] | None = None) -> dict[str, StepTally]:
-        where = "run_id=?"
-        args: tuple[Any, ...] = (run_id,)
-        if steps is not None:
-            where += f" AND step IN ({','.join('?' * len(steps))})"
-            args += tuple(steps)
-        return tallies_from_rows(self._rows(
-            "SELECT step, status, COUNT(*), MIN(started_at), MAX(ended_at) FROM items "
-            f"WHERE {where} GROUP BY step, status", args))
-
-    def run_tallies(self, run_ids: Sequence[str]) -> dict[str, dict[str, int]]:
-        if not run_ids:
-            return {}
-        return run_tallies_from_rows(self._rows(
-            f"SELECT run_id, status, COUNT(*) FROM items WHERE run_id IN "
-            f"({','.join('?' * len(run_ids))}) GROUP BY run_id, status", tuple(run_ids)))
-
-    def item_spans(self, run_id: str, *, step: str | None = None,
-                   ended_after: float | None = None) -> list[ItemSpan]:
-        where = "run_id=?"
-        args: list[Any] = [run_id]
-        if step is not None:
-            where, args = where + " AND step=?", [*args, step]
-        if ended_after is not None:
-            where, args = where + " AND ended_at>?", [*args, ended_after]
-        return spans_from_rows(self._rows(
-            f"SELECT {SPAN_COLUMNS} FROM items WHERE {where} ORDER BY step, item", tuple(args)))
-
     def span_bins(self, run_id: str, origin: float, width: float) -> list[tuple[str, str, int, int]]:
         return [(r[0], r[1], int(r[2]), int(r[3])) for r in self._rows(
             "SELECT step, status, CAST((ended_at - ?) / ? AS INTEGER) AS b, COUNT(*) FROM items "
@@ -518,28 +398,11 @@ class SQLiteStore(Store):
 
     # -- events ------------------------------------------------------------
 
-    def events_of(self, run_ids: Sequence[str], kinds: Sequence[str],
-                  after_id: int = 0) -> list[Event]:
-        if not run_ids or not kinds:
-            return []
-        rows = self._rows(
-            f"SELECT id, run_id, at, kind, data FROM events WHERE run_id IN "
-            f"({','.join('?' * len(run_ids))}) AND kind IN ({','.join('?' * len(kinds))}) "
-            "AND id>? ORDER BY id", (*run_ids, *kinds, after_id))
-        return [Event(run_id=r[1], at=r[2], kind=r[3], data=json.loads(r[4]), id=r[0]) for r in rows]
-
     def add_event(self, event: Event) -> None:
         self._tx([(
             "INSERT INTO events (run_id, at, kind, data) VALUES (?,?,?,?)",
             (event.run_id, event.at, event.kind, dump_json(event.data)),
         )])
-
-    def events(self, run_id: str, after_id: int = 0) -> list[Event]:
-        rows = self._rows(
-            "SELECT id, run_id, at, kind, data FROM events WHERE run_id=? AND id>? ORDER BY id",
-            (run_id, after_id),
-        )
-        return [Event(run_id=r[1], at=r[2], kind=r[3], data=json.loads(r[4]), id=r[0]) for r in rows]
 
     # -- leases ------------------------------------------------------------
 
@@ -605,13 +468,6 @@ class SQLiteStore(Store):
                 (t, name, holder),
             )
 
-    def get_lease(self, name: str) -> Lease | None:
-        rows = self._rows("SELECT name, holder, token, expires_at FROM leases WHERE name = ?", (name,))
-        if not rows or rows[0][2] == 0:
-            return None
-        r = rows[0]
-        return Lease(name=r[0], holder=r[1], token=int(r[2]), expires_at=float(r[3]))
-
     # -- fences ------------------------------------------------------------
 
     def advance_fence(self, scope: str, token: int, holder: str) -> FenceCheck:
@@ -626,12 +482,6 @@ class SQLiteStore(Store):
                 "UPDATE fences SET high_water = ?, holder = ? WHERE scope = ?", (token, holder, scope)
             )
             return FenceCheck(accepted=True, high_water=token, holder=holder)
-
-    def get_fence(self, scope: str) -> FenceCheck | None:
-        rows = self._rows("SELECT high_water, holder FROM fences WHERE scope = ?", (scope,))
-        if not rows:
-            return None
-        return FenceCheck(accepted=True, high_water=int(rows[0][0]), holder=str(rows[0][1]))
 
     # -- effects -----------------------------------------------------------
 
@@ -663,15 +513,6 @@ class SQLiteStore(Store):
                 (status, token, at, message, key),
             )
 
-    def get_effect(self, key: str) -> Effect | None:
-        rows = self._rows("SELECT * FROM effects WHERE key = ?", (key,))
-        return effect_from_row(rows[0]) if rows else None
-
-    def effects(self, run_id: str) -> list[Effect]:
-        return [effect_from_row(r) for r in self._rows(
-            "SELECT * FROM effects WHERE run_id = ? ORDER BY key", (run_id,)
-        )]
-
     def swap_last_publish(self, record: PublishRecord) -> PublishRecord | None:
         r = record
         with self._durable_tx() as db:
@@ -684,10 +525,6 @@ class SQLiteStore(Store):
                  r.run_started_at, r.token),
             )
         return PublishRecord(*old) if old else None
-
-    def get_last_publish(self, lease: str) -> PublishRecord | None:
-        rows = self._rows("SELECT lease, run_id, key, payload_sha256, input_fingerprint, at, run_started_at, token FROM last_publish WHERE lease = ?", (lease,))
-        return PublishRecord(*rows[0]) if rows else None
 
     def close(self) -> None:
         with self._lock:

@@ -1,0 +1,37 @@
+"""``store._sql.to_postgres``: the shared reads, spelt for PostgreSQL. Pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from stockade.store._sql import to_postgres
+
+
+@pytest.mark.parametrize(
+    ("sqlite", "postgres"),
+    [
+        ("SELECT * FROM runs WHERE run_id=?", "SELECT * FROM stockade_runs WHERE run_id=%s"),
+        ("SELECT x.key FROM reuse_index x JOIN runs r ON r.run_id = x.run_id WHERE x.key=?",
+         "SELECT x.key FROM stockade_reuse_index x JOIN stockade_runs r ON r.run_id = x.run_id"
+         " WHERE x.key=%s"),
+        ("SELECT lease FROM last_publish WHERE lease = ?",
+         "SELECT lease FROM stockade_last_publish WHERE lease = %s"),
+        # Only table names after FROM or JOIN: columns and longer names stay.
+        ("SELECT items, runs_total FROM itemsx WHERE items=?",
+         "SELECT items, runs_total FROM itemsx WHERE items=%s"),
+        # A literal % is doubled for psycopg, placeholders or not.
+        ("SELECT * FROM runs WHERE run_id LIKE 'a%' AND status=?",
+         "SELECT * FROM stockade_runs WHERE run_id LIKE 'a%%' AND status=%s"),
+        ("SELECT * FROM runs WHERE run_id LIKE ? ESCAPE '\\' LIMIT ?",
+         "SELECT * FROM stockade_runs WHERE run_id LIKE %s ESCAPE '\\' LIMIT %s"),
+        ("SELECT step FROM\n  items WHERE run_id = ANY(?)",
+         "SELECT step FROM\n  stockade_items WHERE run_id = ANY(%s)"),
+    ],
+)
+def test_spelt_for_postgres(sqlite: str, postgres: str) -> None:
+    assert to_postgres(sqlite) == postgres
+
+
+def test_a_question_mark_in_a_literal_is_refused() -> None:
+    with pytest.raises(ValueError, match="string literal"):
+        to_postgres("SELECT * FROM runs WHERE message = '?'")
