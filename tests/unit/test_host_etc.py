@@ -17,9 +17,9 @@ import pytest
 from stockade.sandbox._host import HostLayout, build_etc
 
 
-@pytest.fixture
-def umask_077() -> Iterator[None]:
-    old = os.umask(0o077)
+@pytest.fixture(params=[0o077, 0o000], ids=["umask-077", "umask-000"])
+def umask(request: pytest.FixtureRequest) -> Iterator[None]:
+    old = os.umask(request.param)
     try:
         yield
     finally:
@@ -41,6 +41,8 @@ def fake_etc(root: Path) -> Path:
     os.symlink("/usr/share/zoneinfo/UTC", etc / "localtime")
     (etc / "alternatives").mkdir(mode=0o700)
     os.symlink("/usr/bin/mawk", etc / "alternatives" / "awk")
+    (etc / "alternatives" / "private").mkdir()
+    (etc / "alternatives" / "private" / "key").write_text("secret")
     (root / "resolv.conf").write_text("nameserver 10.0.0.1\n")
     return etc
 
@@ -62,7 +64,7 @@ def tree(root: Path) -> dict[str, tuple[str, str]]:
 
 
 def test_allowed_entries_are_copied_with_modes_a_jail_can_read(
-        tmp_path: Path, umask_077: None) -> None:
+        tmp_path: Path, umask: None) -> None:
     etc = fake_etc(tmp_path / "host")
     layout = HostLayout(etc=tuple(str(etc / n) for n in ("ssl/certs", "passwd", "localtime",
                                                          "alternatives")),
@@ -83,8 +85,8 @@ def test_allowed_entries_are_copied_with_modes_a_jail_can_read(
         "alternatives/awk": ("link", "/usr/bin/mawk"),
         "resolv.conf": ("0o644", "nameserver 10.0.0.1\n"),
     }
-    # Not there: ssl/private (not listed), the fifo, and "shadow" below a
-    # listed folder.
+    # Not there: ssl/private (not listed), the fifo, and "shadow" and
+    # "private" below a listed folder.
 
 
 def test_no_resolver_file_no_copy(tmp_path: Path) -> None:

@@ -158,7 +158,7 @@ def _bridge_mounts(libc: ctypes.CDLL, plan: dict[str, list[str]]) -> None:
 
 def _rlimits(req: dict[str, Any]) -> list[tuple[int, int]]:
     """The (resource, limit) pairs the jail gets: those the engine computed
-    (``policy.base_rlimits`` and the backend's own), and for ``nproc`` an
+    (``_launch.base_rlimits`` and the backend's own), and for ``nproc`` an
     RLIMIT_NPROC counted here, at the launch: it counts every process of the
     uid on the host (no user namespace), so what exists now plus the step's share."""
     out = [(int(which), int(value)) for which, value in req.get("limits") or ()]

@@ -13,7 +13,7 @@ import os
 import shutil
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from stockade.sandbox.policy import SYSTEM_DIRS
@@ -77,21 +77,27 @@ def build_etc(layout: HostLayout, dest: Path, source_root: str = "/etc") -> Host
     hundreds of system calls more for ``ssl/certs`` alone, on the way to
     every run's first item. ``source_root`` is for tests.
     """
-    dest.mkdir(mode=0o755, parents=True, exist_ok=True)
-    dest.chmod(0o755)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _folder(str(dest), exist_ok=True)
     for src in layout.etc:
-        target = dest / os.path.relpath(src, source_root)
-        for folder in reversed(target.relative_to(dest).parents[:-1]):
-            if not (dest / folder).is_dir():
-                (dest / folder).mkdir()
-                (dest / folder).chmod(0o755)  # whatever the umask
-        _copy_entry(src, str(target), os.lstat(src).st_mode)
+        rel = os.path.relpath(src, source_root)
+        # The folders on the way to a nested entry (ssl/ for ssl/certs).
+        for parent in reversed(Path(rel).parents[:-1]):
+            _folder(str(dest / parent), exist_ok=True)
+        _copy_entry(src, str(dest / rel), os.lstat(src).st_mode)
     if layout.resolv_conf and os.path.isfile(layout.resolv_conf):
         _copy_file(layout.resolv_conf, str(dest / "resolv.conf"))
-    return HostLayout(
-        layout.symlinks, layout.dirs, layout.etc, layout.prlimit, layout.python,
-        layout.resolv_conf, str(dest),
-    )  # fmt: skip
+    return replace(layout, etc_dir=str(dest))
+
+
+def _folder(path: str, *, exist_ok: bool = False) -> None:
+    """A folder of the copy, 0755 whatever the umask (and never wider on the way)."""
+    try:
+        os.mkdir(path, 0o755)
+    except FileExistsError:
+        if not exist_ok:
+            raise
+    os.chmod(path, 0o755)
 
 
 def _copy_entry(src: str, target: str, mode: int) -> None:
@@ -101,8 +107,7 @@ def _copy_entry(src: str, target: str, mode: int) -> None:
     if stat.S_ISLNK(mode):
         os.symlink(os.readlink(src), target)
     elif stat.S_ISDIR(mode):
-        os.mkdir(target, 0o755)
-        os.chmod(target, 0o755)  # whatever the umask
+        _folder(target)
         with os.scandir(src) as entries:
             for e in entries:
                 if e.name not in ETC_NEVER:
@@ -113,7 +118,12 @@ def _copy_entry(src: str, target: str, mode: int) -> None:
 
 
 def _copy_file(src: str, target: str) -> None:
-    shutil.copyfile(src, target)
+    """A file of the copy, created 0644 (never writable by others, not even
+    for a moment under a permissive umask) and set to 0644 after."""
+    with open(src, "rb") as fsrc:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        with open(fd, "wb") as fdst:
+            shutil.copyfileobj(fsrc, fdst)
     os.chmod(target, 0o644)
 
 

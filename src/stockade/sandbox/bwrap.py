@@ -65,10 +65,11 @@ from typing import IO, TYPE_CHECKING, Literal
 from stockade.errors import InfraError
 from stockade.sandbox import _direct, _lifetime, _reach, _uids, seccomp
 from stockade.sandbox._host import HostLayout, build_etc, reachable_by_others, resolved, scan_host
+from stockade.sandbox._launch import base_rlimits, proxy_env, proxy_url, rlimit_prefix
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox._tmp import owned_tmpdir
 from stockade.sandbox.base import Availability, Backend, InputSharing, Running
-from stockade.sandbox.policy import Policy, Resources, base_rlimits, proxy_env, proxy_url
+from stockade.sandbox.policy import Policy, Resources
 
 if TYPE_CHECKING:
     # Imported where an image root is planned: tarfile and gzip are not on
@@ -93,24 +94,6 @@ def jail_env(policy: Policy) -> dict[str, str]:
     if policy.network == "proxy":
         env.update(proxy_env(proxy_url(policy, PROXY_PORT)))
     return env
-
-
-def rlimit_prefix(resources: Resources, prlimit: str | None) -> list[str]:
-    """``prlimit --as=... --`` for the limits that are set (core dumps always off)."""
-    opts: list[str] = []
-    if resources.memory_bytes is not None:
-        opts.append(f"--as={resources.memory_bytes}")
-    if resources.cpu_seconds is not None:
-        opts.append(f"--cpu={resources.cpu_seconds}")
-    if resources.processes is not None:
-        opts.append(f"--nproc={resources.processes}")
-    if resources.file_size_bytes is not None:
-        opts.append(f"--fsize={resources.file_size_bytes}")
-    if not opts:
-        return []
-    if prlimit is None:
-        raise InfraError("resource limits need prlimit: apt-get install util-linux")
-    return [prlimit, *opts, "--core=0", "--"]
 
 
 def image_points(policy: Policy) -> list[str]:

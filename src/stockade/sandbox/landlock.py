@@ -48,9 +48,10 @@ from typing import IO, Any, Literal
 from stockade.errors import InfraError
 from stockade.sandbox import _direct, _landlock, _lifetime, _netns, _reach, _uids, seccomp
 from stockade.sandbox._host import HostLayout, resolved, scan_host, searchable_by_others
+from stockade.sandbox._launch import base_rlimits, proxy_env, proxy_url
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox.base import Availability, Backend, InputSharing, Running
-from stockade.sandbox.policy import NetworkMode, Policy, base_rlimits, proxy_env, proxy_url
+from stockade.sandbox.policy import NetworkMode, Policy
 
 #: Device files a jail may read and write; random sources it may read.
 DEV_RW: tuple[str, ...] = ("/dev/null", "/dev/zero", "/dev/full")

@@ -17,9 +17,10 @@ from typing import IO
 
 from stockade.errors import InfraError
 from stockade.sandbox import _lifetime
+from stockade.sandbox._launch import proxy_env, proxy_url, ulimit_prefix
 from stockade.sandbox._popen import PopenJail
 from stockade.sandbox.base import Availability, Backend, Running
-from stockade.sandbox.policy import Policy, proxy_env, proxy_url, ulimit_prefix
+from stockade.sandbox.policy import Policy
 
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
 #: What a process needs to start on macOS: the dyld shared cache, system

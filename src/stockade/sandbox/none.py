@@ -29,10 +29,11 @@ from typing import IO, Literal
 from stockade.errors import InfraError
 from stockade.sandbox import _direct, _lifetime
 from stockade.sandbox._forkserver import _count_processes
+from stockade.sandbox._launch import base_rlimits, ulimit_prefix
 from stockade.sandbox._popen import PopenJail
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox.base import Availability, Backend, Running
-from stockade.sandbox.policy import Policy, Resources, base_rlimits, ulimit_prefix
+from stockade.sandbox.policy import Policy, Resources
 
 Launcher = Literal["direct", "helper"]
 

@@ -3,18 +3,15 @@
 Policy is data. Backends (bwrap, landlock, sandbox-exec, none) are mechanism:
 they turn a ``Policy`` into a launch and report what the kernel enforced.
 
-Imports nothing of stockade but ``stockade.errors``.
+Imports nothing of stockade.
 """
 
 from __future__ import annotations
 
-import resource
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
-
-from stockade.errors import InfraError
 
 #: The only host variables a step's environment is built from (besides its own
 #: ``env`` and the secrets it lists). HOME and TMPDIR are set by the backend to
@@ -89,49 +86,3 @@ class Policy:
     #: agent's already-connected broker socket): nothing in the jail names
     #: them by path. The backend duplicates them; the caller keeps its own.
     pass_fds: tuple[int, ...] = ()
-
-
-def base_rlimits(resources: Resources) -> list[tuple[int, int]]:
-    """No core dumps, and the step's memory, CPU and file-size limits, as
-    ``(RLIMIT_*, value)`` pairs; each backend adds what its jail needs."""
-    out = [(resource.RLIMIT_CORE, 0)]
-    for value, which in (
-        (resources.memory_bytes, resource.RLIMIT_AS),
-        (resources.cpu_seconds, resource.RLIMIT_CPU),
-        (resources.file_size_bytes, resource.RLIMIT_FSIZE),
-    ):
-        if value is not None:
-            out.append((which, value))
-    return out
-
-
-def ulimit_prefix(resources: Resources) -> list[str]:
-    """A POSIX ``sh`` wrapper setting rlimits (``-f`` counts 512-byte blocks)."""
-    opts: list[str] = []
-    if resources.memory_bytes is not None:
-        opts.append(f"ulimit -v {max(resources.memory_bytes // 1024, 1)}")
-    if resources.cpu_seconds is not None:
-        opts.append(f"ulimit -t {resources.cpu_seconds}")
-    if resources.processes is not None:
-        opts.append(f"ulimit -u {resources.processes}")
-    if resources.file_size_bytes is not None:
-        opts.append(f"ulimit -f {max(resources.file_size_bytes // 512, 1)}")
-    if not opts:
-        return []
-    return ["/bin/sh", "-c", "; ".join(opts) + '; exec "$0" "$@"']
-
-
-def proxy_url(policy: Policy, port: int) -> str:
-    """The proxy URL a jail gets: the loopback relay, with the item's credential."""
-    if policy.proxy_token is None:
-        raise InfraError("network: proxy needs the egress proxy's credential (policy.proxy_token)")
-    return f"http://stockade:{policy.proxy_token}@127.0.0.1:{port}"
-
-
-def proxy_env(url: str) -> dict[str, str]:
-    env = {}
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        env[name] = url
-        env[name.lower()] = url
-    env["NO_PROXY"] = env["no_proxy"] = ""
-    return env
