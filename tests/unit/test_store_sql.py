@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from stockade.store._sql import to_postgres
+from stockade.store import pg_schema, sqlite
+from stockade.store._sql import TABLES, to_postgres
 
 
 @pytest.mark.parametrize(
@@ -35,3 +38,11 @@ def test_spelt_for_postgres(sqlite: str, postgres: str) -> None:
 def test_a_question_mark_in_a_literal_is_refused() -> None:
     with pytest.raises(ValueError, match="string literal"):
         to_postgres("SELECT * FROM runs WHERE message = '?'")
+
+
+def test_every_table_of_both_schemas_is_known() -> None:
+    # A shared read of a table missing from TABLES would reach PostgreSQL
+    # without its prefix.
+    made = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)")
+    assert sorted(made.findall(sqlite.SCHEMA)) == sorted(TABLES)
+    assert sorted(made.findall(pg_schema.SCHEMA)) == sorted(f"stockade_{t}" for t in TABLES)

@@ -25,6 +25,7 @@ from stockade.store._rows import (
     attempt_from_row,
     effect_from_row,
     item_from_row,
+    reuse_found,
     run_from_row,
     run_tallies_from_rows,
     spans_from_rows,
@@ -40,14 +41,16 @@ from stockade.store.base import (
     ItemSpan,
     Lease,
     PublishRecord,
+    ReuseCandidate,
     RunRecord,
     StepTally,
     Store,
 )
 
-#: Every table of the store, as SQLite names it.
-TABLES = ("runs", "items", "attempts", "artifacts", "events", "effects", "leases", "fences",
-          "last_publish", "reuse_index")
+#: Every table of the store, as SQLite names it (both schemas are checked
+#: against it in ``tests/unit/test_store_sql.py``).
+TABLES = ("runs", "items", "attempts", "artifacts", "events", "effects", "leases", "lease_users",
+          "fences", "last_publish", "reuse_index")
 _TABLE = re.compile(r"\b(FROM|JOIN)(\s+)(" + "|".join(TABLES) + r")\b")
 
 
@@ -73,11 +76,23 @@ class SQLStore(Store):
         """A query of this module in the dialect's spelling (SQLite's is ours)."""
         return sql
 
+    #: The most values one ``_in`` list takes where a read may be given many
+    #: (SQLite binds each value as a variable, and older builds allow 999);
+    #: None: any number.
+    _LIST_LIMIT: int | None = 500
+
     def _in(self, column: str, values: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
         """``column`` is one of ``values``: the condition and its arguments."""
         if not values:
             return "1=0", ()
+        return self._one_of(column, values)
+
+    def _one_of(self, column: str, values: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
         return f"{column} IN ({','.join('?' * len(values))})", tuple(values)
+
+    def _chunks(self, values: Sequence[Any]) -> list[Sequence[Any]]:
+        size = self._LIST_LIMIT or max(len(values), 1)
+        return [values[i:i + size] for i in range(0, len(values), size)]
 
     def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         return self._rows(self._spell(sql), args)
@@ -107,6 +122,27 @@ class SQLStore(Store):
             f"SELECT run_id, status, COUNT(*) FROM items WHERE {where} GROUP BY run_id, status",
             args))
 
+    # -- reuse across runs ---------------------------------------------------
+
+    def reuse_candidates(self, keys: list[str], *, exclude_run: str = "",
+                         limit: int = 3) -> dict[str, list[ReuseCandidate]]:
+        rows: list[tuple[Any, ...]] = []
+        for part in self._chunks(keys):
+            cond, args = self._in("x.key", part)
+            rows += self._read(
+                "SELECT x.key, x.run_id, x.step, x.item, x.attempt, r.root, i.result"
+                " FROM reuse_index x JOIN runs r ON r.run_id = x.run_id"
+                " JOIN items i ON i.run_id = x.run_id AND i.step = x.step AND i.item = x.item"
+                f" WHERE {cond} AND x.run_id != ? AND i.status = 'succeeded'"
+                " AND i.attempt = x.attempt ORDER BY x.created_at DESC", (*args, exclude_run))
+        # Each chunk's keys are disjoint, so newest-first per key holds across chunks.
+        return reuse_found(rows, limit, self._outputs_of)
+
+    def _outputs_of(self, run_id: str, step: str, items: list[int]) -> list[tuple[Any, ...]]:
+        cond, args = self._in("item", items)
+        return self._read(f"SELECT * FROM artifacts WHERE run_id = ? AND step = ? AND {cond}"
+                          " ORDER BY item, name", (run_id, step, *args))
+
     # -- items ---------------------------------------------------------------
 
     def get_item(self, run_id: str, step: str, item: int) -> ItemRecord | None:
@@ -121,15 +157,15 @@ class SQLStore(Store):
 
     def find_item(self, run_id: str, step: str, *, index: int | None = None,
                   key: str | None = None) -> ItemRecord | None:
-        where = f"SELECT {ITEM_COLUMNS} FROM items WHERE run_id=? AND step=?"
+        select = f"SELECT {ITEM_COLUMNS} FROM items WHERE run_id=? AND step=?"
         if index is not None:
-            rows = self._read(where + " AND item=?", (run_id, step, index))
+            rows = self._read(select + " AND item=?", (run_id, step, index))
         elif key is not None:
-            rows = self._read(where + " AND key=?", (run_id, step, key))
+            rows = self._read(select + " AND key=?", (run_id, step, key))
             # An item made before items had keys answers to its index
             # (below 2**31: PostgreSQL's items.item is an integer).
             if not rows and key.isdigit() and int(key) < 2**31:
-                rows = self._read(where + " AND key='' AND item=?", (run_id, step, int(key)))
+                rows = self._read(select + " AND key='' AND item=?", (run_id, step, int(key)))
         else:
             raise ValueError("find_item needs an index or a key")
         found = self._with_outputs(run_id, rows[:1])

@@ -25,7 +25,6 @@ from stockade.store._rows import (
     ITEM_COLUMNS,
     dump_json,
     effect_from_row,
-    reuse_found,
 )
 from stockade.store._sql import SQLStore, to_postgres
 from stockade.store.base import (
@@ -38,7 +37,6 @@ from stockade.store.base import (
     ItemRecord,
     Lease,
     PublishRecord,
-    ReuseCandidate,
     ReuseEntry,
     RunExists,
     RunRecord,
@@ -124,10 +122,10 @@ class PostgresStore(SQLStore):
     def _spell(self, sql: str) -> str:
         return to_postgres(sql)
 
-    def _in(self, column: str, values: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
-        # One array parameter, whatever the number of values.
-        if not values:
-            return "1=0", ()
+    #: A list is one array parameter, whatever the number of values.
+    _LIST_LIMIT = None
+
+    def _one_of(self, column: str, values: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
         return f"{column} = ANY(?)", (list(values),)
 
     # -- runs --------------------------------------------------------------
@@ -173,22 +171,6 @@ class PostgresStore(SQLStore):
                 " FROM stockade_reuse_index WHERE key = ANY(%s)) d WHERE x.key = d.key"
                 " AND x.run_id = d.run_id AND x.step = d.step AND x.item = d.item"
                 " AND d.n > %s", (sorted({e.key for e in entries}), REUSE_KEEP))
-
-    def reuse_candidates(self, keys: list[str], *, exclude_run: str = "",
-                         limit: int = 3) -> dict[str, list[ReuseCandidate]]:
-        if not keys:
-            return {}
-        rows = self._rows(
-            "SELECT x.key, x.run_id, x.step, x.item, x.attempt, r.root, i.result"
-            " FROM stockade_reuse_index x JOIN stockade_runs r ON r.run_id = x.run_id"
-            " JOIN stockade_items i ON i.run_id = x.run_id AND i.step = x.step"
-            " AND i.item = x.item"
-            " WHERE x.key = ANY(%s) AND x.run_id != %s AND i.status = 'succeeded'"
-            " AND i.attempt = x.attempt ORDER BY x.created_at DESC",
-            (list(keys), exclude_run))
-        return reuse_found(rows, limit, lambda run_id, step, items: self._rows(
-            "SELECT * FROM stockade_artifacts WHERE run_id = %s AND step = %s"
-            " AND item = ANY(%s) ORDER BY item, name", (run_id, step, items)))
 
     # -- attempts and items ------------------------------------------------
 

@@ -22,7 +22,6 @@ from stockade.store._rows import (
     ITEM_COLUMNS,
     dump_json,
     effect_from_row,
-    reuse_found,
 )
 from stockade.store._sql import SQLStore
 from stockade.store.base import (
@@ -35,7 +34,6 @@ from stockade.store.base import (
     ItemRecord,
     Lease,
     PublishRecord,
-    ReuseCandidate,
     ReuseEntry,
     RunExists,
     RunRecord,
@@ -307,24 +305,6 @@ class SQLiteStore(SQLStore):
                 f" FROM reuse_index WHERE key IN ({','.join('?' * len(part))})) WHERE n > ?)",
                 (*part, REUSE_KEEP)))
         self._tx(stmts)
-
-    def reuse_candidates(self, keys: list[str], *, exclude_run: str = "",
-                         limit: int = 3) -> dict[str, list[ReuseCandidate]]:
-        rows: list[tuple[Any, ...]] = []
-        for chunk in range(0, len(keys), 500):
-            part = keys[chunk:chunk + 500]
-            rows += self._rows(
-                "SELECT x.key, x.run_id, x.step, x.item, x.attempt, r.root, i.result"
-                " FROM reuse_index x JOIN runs r ON r.run_id = x.run_id"
-                " JOIN items i ON i.run_id = x.run_id AND i.step = x.step AND i.item = x.item"
-                f" WHERE x.key IN ({','.join('?' * len(part))}) AND x.run_id != ?"
-                " AND i.status = 'succeeded' AND i.attempt = x.attempt"
-                " ORDER BY x.created_at DESC", (*part, exclude_run))
-        # Each chunk's keys are disjoint, so newest-first per key holds across chunks.
-        return reuse_found(rows, limit, lambda run_id, step, items: self._rows(
-            "SELECT * FROM artifacts WHERE run_id = ? AND step = ?"
-            f" AND item IN ({','.join('?' * len(items))}) ORDER BY item, name",
-            (run_id, step, *items)))
 
     # -- attempts and items ------------------------------------------------
 
