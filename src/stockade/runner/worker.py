@@ -229,8 +229,7 @@ def _jail(job: Job, backend: Backend, policy: Policy, meta: Path, out_path: Path
     proxy = None
     mask: list[str] = []
     if policy.network == "proxy":
-        from stockade.sandbox import EgressProxy
-        from stockade.sandbox.proxy import credential_headers
+        from stockade.sandbox.proxy import EgressProxy, credential_headers
 
         policy.scratch_dir.mkdir(parents=True, exist_ok=True)
         proxy = EgressProxy(job.allow, meta / "network.jsonl", policy.scratch_dir)

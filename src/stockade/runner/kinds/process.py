@@ -224,8 +224,7 @@ def run_jail(
     proxy = None
     if policy.network == "proxy":
         # Only steps with an allowlist pay for these imports.
-        from stockade.sandbox import EgressProxy
-        from stockade.sandbox.proxy import credential_headers
+        from stockade.sandbox.proxy import EgressProxy, credential_headers
 
         assert isinstance(step.network, list)
         policy.scratch_dir.mkdir(parents=True, exist_ok=True)
