@@ -190,6 +190,13 @@ def test_design_example_loads_clean() -> None:
         ("name: w\nsteps: [{id: a, agent: {model: azure/my-dep, prompt: hi, endpoint: {api_version: 2025-01-01-preview}}},"
          " {id: b, agent: {model: openai-responses/o3, prompt: hi}}]\n",
          lambda s: s.workflow.steps[0].agent is not None and s.workflow.steps[0].agent.request_timeout == 600),
+        # a fan-out step's files are read through its items; a single step's directly
+        ("name: w\nsteps:\n  - {id: fan, for_each: [1, 2], run: x, outputs: [v.txt]}\n"
+         "  - {id: one, run: x, outputs: [v.txt]}\n"
+         "  - id: b\n    needs: [fan, one]\n    for_each: \"{{ steps.fan.items }}\"\n"
+         "    inputs: {v.txt: \"{{ item.outputs['v.txt'] }}\", w.txt: \"{{ steps.one.outputs['v.txt'] }}\"}\n"
+         "    run: cat v.txt w.txt\n",
+         lambda s: s.template("steps", 2, "inputs", "w.txt").refs == ("steps.one.outputs['v.txt']",)),
     ],
 )
 def test_valid_variants(yaml: str, check: Any) -> None:

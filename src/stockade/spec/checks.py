@@ -288,13 +288,22 @@ class Checker:
             if parts[0] != "steps" or len(parts) < 3 or parts[1] not in self.ids:
                 continue
             attr = re.split(r"[\[.]", parts[2], maxsplit=1)[0]
-            kind = _kind(self.steps_by_index(self.ids[parts[1]]))
+            source = self.steps_by_index(self.ids[parts[1]])
+            kind = _kind(source)
             if attr not in STEP_VIEW and not (attr == "decisions" and kind == "keep"):
                 self.add(at, f"{slot} of {label} reads {ref}; a step exposes only "
                              f"{', '.join(STEP_VIEW)}")
             elif attr == "outputs" and kind in ("keep", "publish"):
                 self.add(at, f"{slot} of {label} reads {ref}, but a {kind}: step writes no files; "
                              f"use steps.{parts[1]}.result or .items")
+            elif attr == "outputs" and source.get("for_each") is not None:
+                # A fan-out step's own outputs are always empty (runner.views):
+                # the read would fail only after every item had run.
+                name = parts[2][len("outputs"):]
+                self.add(at, f"{slot} of {label} reads {ref}, but {parts[1]} is a fan-out step "
+                             f"(for_each): each of its items has outputs of its own; read them "
+                             f"from steps.{parts[1]}.items, for example with for_each: "
+                             f"\"{{{{ steps.{parts[1]}.items }}}}\" and item.outputs{name or '[...]'}")
         for var in sorted(t.vars_used - self.vars):
             declared = ", ".join(sorted(self.vars)) or "none"
             self.add(at, f"{slot} of {label} uses vars.{var}, which is not declared under vars: "
