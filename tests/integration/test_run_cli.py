@@ -166,6 +166,27 @@ def test_failed_item_skips_dependents_but_not_independent_branches(project: Proj
     assert any("exit status 7" in p for p in s["problems"])
 
 
+def test_an_output_written_to_work_instead_of_out_is_named(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: strayed
+        steps:
+          - id: a
+            inputs: {given.csv: "a,b"}
+            run: echo hi > x.txt; echo 1 > out/y.txt
+            outputs: [x.txt, y.txt, "*.csv"]
+          - id: b
+            run: "true"
+            outputs: [z.txt]
+    """)
+    r = project.run("run", str(wf), "--run-id", "s1", "--json")
+    assert r.code == 1
+    problems = r.json()["problems"]
+    # The input given.csv is in work/ too, but it is not something the step wrote.
+    assert any(p.endswith("missing out/x.txt, out/*.csv (x.txt is in work/: outputs are what "
+                          "the step writes under out/)") for p in problems), problems
+    assert any(p.endswith("missing out/z.txt") for p in problems), problems
+
+
 def test_timeout_kills_the_whole_process_group(project: Project) -> None:
     wf = project.write("wf.yaml", """
         name: slow

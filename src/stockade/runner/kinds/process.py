@@ -339,6 +339,23 @@ def missing_outputs(step: Step, outputs: list[Output]) -> list[str]:
     return [p for p in step.outputs if not any(fnmatch.fnmatchcase(n, p) for n in names)]
 
 
+def strayed_hint(work: Path, missing: Sequence[str], inputs: Sequence[Materialised]) -> str:
+    """Where declared outputs missing from ``out/`` were written to ``work/``
+    instead (the usual slip: ``> x.txt`` for ``> out/x.txt``), a note saying
+    so; else "". Only names are compared: ``work/`` is the ended jail's."""
+    try:
+        names = set(os.listdir(work))
+    except OSError:
+        return ""
+    names -= {"out", *(m.name.split("/", 1)[0] for m in inputs)}
+    strayed = [p for p in missing if any(fnmatch.fnmatchcase(n, p) for n in names)]
+    if not strayed:
+        return ""
+    listed = ", ".join(strayed)
+    return (f" ({listed} {'is' if len(strayed) == 1 else 'are'} in work/: outputs are what "
+            "the step writes under out/)")
+
+
 def remove_secret_names(out: Path, names: list[str], masker: Masker) -> int:
     """Remove the first entry of each path whose name holds a secret; return how many."""
     gone = set()
@@ -405,7 +422,8 @@ def finish(attempt: Attempt, started: float, code: int | None, timed_out: bool,
     if missing:
         return Outcome(AttemptStatus.FAILED, n, exit_code=code, started_at=started,
                        message="exited 0 without its declared outputs: missing "
-                               + ", ".join(f"out/{m}" for m in missing))
+                               + ", ".join(f"out/{m}" for m in missing)
+                               + strayed_hint(attempt.dirs.work, missing, inputs))
     unsafe = [o.name for o in outputs if attempt.run.masker.text(o.name) != o.name]
     if unsafe:
         # A name is recorded everywhere (store, provenance, show, the UI), so a
@@ -422,5 +440,5 @@ def finish(attempt: Attempt, started: float, code: int | None, timed_out: bool,
 
 __all__ = [
     "MAX_RESULT", "Prepared", "finish", "in_jail", "limit_message", "missing_outputs",
-    "network_mode", "prepare", "resources_of", "run_jail", "stderr_tail",
+    "network_mode", "prepare", "resources_of", "run_jail", "stderr_tail", "strayed_hint",
 ]
