@@ -58,7 +58,7 @@ print(n / (time.perf_counter() - t0))
 #: SQLite store; prints microseconds per record.
 STORE_ALONE = """
 import sys, tempfile, time
-from stockade.runner.engine import FLUSH_EVERY
+from stockade.runner.ledger import FLUSH_EVERY
 from stockade.store.base import ItemRecord, RunRecord
 from stockade.store.sqlite import SQLiteStore
 n = int(sys.argv[1])

@@ -2,8 +2,9 @@
 
 It answers the scheduler's actions (expand a step into keyed items, start an
 attempt on the executor, record what finished, stop everything on an
-interrupt) and feeds outcomes back as events. All bookkeeping (store writes,
-views, progress) happens on this one thread; attempts run on the executor.
+interrupt) and feeds outcomes back as events. All bookkeeping (the store's
+records through ``runner.ledger``, views, progress) happens on this one
+thread; attempts run on the executor.
 
 An interrupt (Ctrl-C, SIGTERM from ``stockade cancel``) only sets a flag and
 wakes the loop: raising ``KeyboardInterrupt`` wherever the main thread
@@ -46,6 +47,7 @@ from stockade.runner.kinds.process import (
     network_mode,
     resources_of,
 )
+from stockade.runner.ledger import FLUSH_SECONDS, Ledger
 from stockade.runner.prefetch import FolderPrefetch
 from stockade.runner.report import Reporter
 from stockade.runner.resume import record_lost_attempts, verified_items
@@ -76,26 +78,8 @@ from stockade.runner.status import ITEM_BAD, AttemptStatus, ItemStatus, RunStatu
 from stockade.runner.views import ItemResult, artifacts_of, step_view
 from stockade.spec import Spec
 from stockade.spec.model import Step
-from stockade.store.base import (
-    ArtifactRecord,
-    AttemptRecord,
-    ItemRecord,
-    ReuseEntry,
-    add_usage,
-    sum_usage,
-    tally_json,
-)
-from stockade.store.base import Event as StoreEvent
-from stockade.workspace.artifacts import to_json_value
+from stockade.store.base import ItemRecord, add_usage, sum_usage, tally_json
 from stockade.workspace.layout import ItemDir, RunDir
-
-#: Bookkeeping of finished items is written in batches of this many, or this often.
-#: The time bound keeps the store (show, the UI, resume) at most a quarter second
-#: behind; the count bounds memory. A keep: over 100,000 items finishes tens of
-#: thousands a second: batches of 64 made it pay a transaction every 64 items
-#: (10,000/s against 14,000/s with 1,024, paired runs).
-FLUSH_EVERY = 1024
-FLUSH_SECONDS = 0.25
 
 #: The cyclic collector's first threshold while a run executes (Python's is
 #: 700 more tracked objects made than freed). Every item keeps its result, so
@@ -203,10 +187,7 @@ class Engine:
         )
         self._interrupts = 0
         self._handled_interrupts = 0
-        self._pending_attempts: list[AttemptRecord] = []
-        self._pending_items: list[tuple[ItemRecord, list[ArtifactRecord]]] = []
-        self._pending_reuse: list[ReuseEntry] = []
-        self._flushed_at = time.monotonic()
+        self.ledger = Ledger(run.run_id, self.store, context.masker, context.clock)
         self._cancellers: list[threading.Thread] = []
         # Each action's handler by its type: a few actions per item, so a
         # chain of isinstance tests was measurable on a large keep:.
@@ -254,13 +235,13 @@ class Engine:
                 # are then interrupted attempts of an interrupted run, not failures.
                 status = self._check_interrupt()
                 if not done:
-                    self.flush()
+                    self.ledger.flush()
                 for attempt, outcome in done:
                     status = self._apply(self._attempt_ended(attempt, outcome)) or status
                 if status is None and wake is not None and self.ctx.clock() >= wake:
                     status = self._apply(self.scheduler.handle(Tick(self.ctx.clock())))
         finally:
-            self.flush()
+            self.ledger.flush()
             for t in self._cancellers:
                 t.join()
             if self.prefetch is not None:
@@ -365,7 +346,7 @@ class Engine:
                                                   it.value, rec.result, outputs)
         if not step.isolate and step.kind in ("run", "agent"):
             self.reporter.echo(f"{sid}: isolate: false - runs WITHOUT a sandbox (recorded)")
-            self._event("isolation_opt_out", {"step": sid})
+            self.ledger.event("isolation_opt_out", {"step": sid})
         if step_reuses(step, self.reuse):
             self._find_reusable(sr, done)
         # Not on resume: an item there may have attempts on disk already.
@@ -395,7 +376,7 @@ class Engine:
         found = lookup([a for _, a in todo], self.store, self.run.run_id)
         for (it, _), keyed in zip(todo, found, strict=True):
             it.reuse = keyed
-        self._event("reuse_lookup", {
+        self.ledger.event("reuse_lookup", {
             "step": sr.step.id, "items": len(sr.items),
             "keyed": sum(1 for k in found if k.key), "candidates": sum(1 for k in found
                                                                         if k.candidates),
@@ -436,13 +417,13 @@ class Engine:
                 notes += backend.network_gaps(network_mode(step))
             for note in notes:
                 self.reporter.echo(f"{action.step}: {note}")
-        self._event("step_started", {"step": action.step, "items": action.items})
+        self.ledger.event("step_started", {"step": action.step, "items": action.items})
         sr = self.steps[action.step]
         keys = [it.key for it in sr.items]
         if any(k != str(n) for n, k in enumerate(keys)):
             # Records carry keys only once items finish: the web UI names the
             # running and pending ones from this (their indexes when absent).
-            self._event("item_keys", {"step": action.step, "keys": keys})
+            self.ledger.event("item_keys", {"step": action.step, "keys": keys})
         for index in sr.results:
             it = sr.items[index]
             self.reporter.item_finished(action.step, it.key, "kept", 0, "verified, not rerun")
@@ -514,10 +495,7 @@ class Engine:
         it.outcome = outcome
         if outcome.usage:
             it.usage = add_usage(it.usage or {}, outcome.usage)
-        self._pending_attempts.append(AttemptRecord(
-            self.run.run_id, attempt.step.id, attempt.item.index, outcome.attempt,
-            str(outcome.status), outcome.exit_code, outcome.started_at, outcome.ended_at,
-            self.ctx.masker.text(outcome.message), outcome.provenance))
+        self.ledger.attempt_ended(attempt.step.id, attempt.item.index, outcome)
         if outcome.status is AttemptStatus.LOST:
             self._lost(attempt, it, outcome)
         return self.scheduler.handle(AttemptEnded(
@@ -530,7 +508,7 @@ class Engine:
         worker = (outcome.provenance or {}).get("worker") or {}
         self.reporter.echo(f"{attempt.item}: attempt {outcome.attempt} lost "
                            f"({self.ctx.masker.text(outcome.message)}); it runs again")
-        self._event("attempt_lost", {"step": attempt.step.id, "item": attempt.item.index,
+        self.ledger.event("attempt_lost", {"step": attempt.step.id, "item": attempt.item.index,
                                      "key": it.key, "attempt": outcome.attempt,
                                      "worker": worker.get("name"), "why": outcome.message})
 
@@ -540,7 +518,7 @@ class Engine:
         sr.retries += 1
         message = it.outcome.message if it.outcome else ""
         self.reporter.item_retrying(action.step, it.key, action.try_ - 1, action.delay, message)
-        self._event("retry_scheduled", {
+        self.ledger.event("retry_scheduled", {
             "step": action.step, "item": action.index, "key": it.key,
             "attempt": it.base + action.try_, "at": action.at, "delay": round(action.delay, 3),
             "after": message,
@@ -555,28 +533,8 @@ class Engine:
             now = self.ctx.clock()
             out = Outcome(AttemptStatus.INTERRUPTED, 0, message="not started: run interrupted",
                           started_at=now, ended_at=now)
-        arts = [ArtifactRecord(self.run.run_id, action.step, action.index, out.attempt, o.name,
-                               o.sha256, o.size) for o in out.outputs]
-        rec = ItemRecord(
-            self.run.run_id, action.step, action.index, str(status), out.attempt,
-            result=self.ctx.masker.value(to_json_value(out.result)),
-            value=self.ctx.masker.value(to_json_value(it.value)),
-            message=self.ctx.masker.text(out.message), started_at=out.started_at,
-            ended_at=out.ended_at, outputs=tuple(arts), key=it.key, usage=it.usage or {},
-            reused_from=dict(out.reused_from) if out.reused_from else None,
-        )
-        self._pending_items.append((rec, arts))
-        if it.usage:
-            # The store's item record is the total; the event lets live views fold it in.
-            self._event("agent_usage", {"step": action.step, "item": action.index,
-                                        "usage": dict(it.usage)})
-        if status is ItemStatus.SUCCEEDED and out.reuse_key:
-            # Every succeeded item is indexed, whether or not this run reuses.
-            self._pending_reuse.append(ReuseEntry(out.reuse_key, self.run.run_id, action.step,
-                                                  action.index, out.attempt, out.ended_at))
-        if len(self._pending_items) >= FLUSH_EVERY or \
-                time.monotonic() - self._flushed_at >= FLUSH_SECONDS:
-            self.flush()
+        rec = self.ledger.item_finished(action.step, action.index, status, out, key=it.key,
+                                        value=it.value, usage=it.usage)
         sr.results[action.index] = ItemResult(action.index, it.key, status, it.value, out.result,
                                               artifacts_of(rec, self.run.path, self.run.run_id))
         if status in ITEM_BAD:
@@ -595,7 +553,7 @@ class Engine:
 
     def _step_finished(self, action: StepFinished) -> None:
         sr = self.steps[action.step]
-        self.flush()
+        self.ledger.flush()
         if action.status is StepStatus.SKIPPED:
             now = self.ctx.clock()
             message = f"skipped: {action.message}" if action.message else "skipped"
@@ -608,30 +566,9 @@ class Engine:
         # Every record of the step is written: its tally goes with the event,
         # so show and the UI need not count a finished run's records again.
         tally = self.store.step_tallies(self.run.run_id, [action.step]).get(action.step)
-        self._event("step_finished", {"step": action.step, "status": str(action.status),
+        self.ledger.event("step_finished", {"step": action.step, "status": str(action.status),
                                       "tally": tally_json(tally)})
         self.reporter.step_finished(action.step, str(action.status), action.message)
-
-    # -- records --------------------------------------------------------------------
-
-    def _event(self, kind: str, data: dict[str, Any]) -> None:
-        self.store.add_event(StoreEvent(self.run.run_id, self.ctx.clock(), kind,
-                                        self.ctx.masker.value(data)))
-
-    def flush(self) -> None:
-        """Write the bookkeeping of finished attempts and items in one transaction.
-
-        Batching keeps the store off the per-item path. A crash before a flush
-        loses nothing that matters: resume trusts an item only when the store
-        and its completion file agree, so an unflushed item simply runs again.
-        """
-        if self._pending_attempts or self._pending_items:
-            self.store.record_batch(self._pending_attempts, self._pending_items)
-            self._pending_attempts, self._pending_items = [], []
-        if self._pending_reuse:
-            self.store.index_reuse(self._pending_reuse)
-            self._pending_reuse = []
-        self._flushed_at = time.monotonic()
 
     def _summary(self, status: RunStatus) -> RunSummary:
         counts: dict[str, dict[str, int]] = {}
