@@ -288,7 +288,7 @@ def validate(file: Path) -> None:
     """Check a workflow; print each problem as FILE:LINE:COL: message."""
     from stockade.plan import build_plan
     from stockade.runner import preflight
-    from stockade.runner.session import load_spec
+    from stockade.runner.given import load_spec
 
     spec = load_spec(file)
     build_plan(spec)
@@ -304,7 +304,7 @@ def validate(file: Path) -> None:
 def plan(file: Path, as_json: bool) -> None:
     """Show steps, fan-out and which values flow into which step."""
     from stockade.plan import build_plan, format_plan, plan_json
-    from stockade.runner.session import load_spec
+    from stockade.runner.given import load_spec
 
     spec = load_spec(file)
     p = build_plan(spec)

@@ -10,20 +10,15 @@ so a dead engine's run reads as ``crashed``. Must not import the CLI.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stockade import __version__, _pending
+from stockade import __version__
 from stockade.errors import UserError
 from stockade.plan import Plan, build_plan
 from stockade.runner import preflight, toolchains
@@ -31,17 +26,25 @@ from stockade.runner.attempt import Jails, PublishSettings, RunContext
 from stockade.runner.captures import Captures
 from stockade.runner.cpus import available_cpus
 from stockade.runner.engine import Engine, RunSummary
-from stockade.runner.env import Masker
 from stockade.runner.executor import Executor, LocalExecutor
+from stockade.runner.given import (
+    apply_overrides,
+    fingerprint_inputs,
+    input_fingerprint,
+    load_spec,
+    secret_masker,
+    template_functions,
+)
 from stockade.runner.prefetch import FolderPrefetch
 from stockade.runner.report import Reporter
 from stockade.runner.reuse import secret_key
 from stockade.runner.roots import executor_url, open_run_store
+from stockade.runner.signals import Interrupts, signals_to
 from stockade.runner.status import RunStatus
 from stockade.sandbox.base import Backend
-from stockade.spec import Spec, load_workflow
+from stockade.spec import Spec
 from stockade.store.base import Event, RunExists, RunRecord, Store
-from stockade.workspace.artifacts import HostFile, HostTree, host_file, host_tree
+from stockade.workspace.artifacts import HostFile, HostTree
 from stockade.workspace.ids import check_run_id, uuid7
 from stockade.workspace.layout import RunDir, read_json, write_json
 from stockade.workspace.runlock import RunLock
@@ -107,129 +110,6 @@ def _lifetime() -> dict[str, Any]:
     from stockade import sandbox
 
     return sandbox.lifetime()
-
-
-def apply_overrides(spec: Spec, overrides: Mapping[str, str] | None) -> dict[str, Any]:
-    values = dict(spec.workflow.vars)
-    for key, value in (overrides or {}).items():
-        if key not in values:
-            declared = ", ".join(sorted(values)) or "none"
-            raise UserError(f"--var {key}=...: {key!r} is not declared under vars: (declared: {declared})")
-        values[key] = _coerce(key, value, values[key])
-    return values
-
-
-_TYPE_WORDS = {bool: "true or false", int: "a number", float: "a number", list: "a JSON list",
-               dict: "a JSON mapping"}
-
-
-def _coerce(key: str, raw: str, default: Any) -> Any:
-    """Give an override the type of the declared default (``--var threshold=30`` stays a number)."""
-    if isinstance(default, str) or default is None:
-        return raw
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = raw
-    if isinstance(default, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(default, int | float):
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, type(default))
-    if not ok:
-        want = _TYPE_WORDS.get(type(default), type(default).__name__)
-        raise UserError(f"--var {key}={raw}: expected {want} like the declared "
-                        f"default {json.dumps(default)}")
-    return value
-
-
-def fingerprint_inputs(spec: Spec, base: Path) -> tuple[dict[str, HostFile], dict[str, HostTree]]:
-    files = {rel: host_file(base, rel) for rel in spec.files}
-    trees = {rel: host_tree(base, rel) for rel in spec.trees}
-    return files, trees
-
-
-def input_fingerprint(vars: Mapping[str, Any], files: Mapping[str, HostFile],
-                      trees: Mapping[str, HostTree]) -> str:
-    blob = json.dumps({
-        "vars": vars,
-        "files": {k: v.sha256 for k, v in files.items()},
-        "trees": {k: v.sha256 for k, v in trees.items()},
-    }, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def template_functions(base: Path, files: dict[str, HostFile],
-                       trees: dict[str, HostTree]) -> dict[str, Callable[..., Any]]:
-    lock = threading.Lock()
-
-    def file_fn(rel: str) -> HostFile:
-        with lock:
-            if rel not in files:
-                files[rel] = host_file(base, rel)
-            return files[rel]
-
-    def tree_fn(rel: str) -> HostTree:
-        with lock:
-            if rel not in trees:
-                trees[rel] = host_tree(base, rel)
-            return trees[rel]
-
-    return {"file": file_fn, "tree": tree_fn}
-
-
-def load_spec(path: Path) -> Spec:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, not a workflow file") from None
-    except PermissionError:
-        raise UserError(f"{path}: permission denied") from None
-    return load_workflow(data, str(path))
-
-
-def secret_masker(spec: Spec, env: Mapping[str, str]) -> Masker:
-    """Masks the value of every secret the workflow declares (and every notify secret)."""
-    names = {*spec.workflow.secrets, *(h.secret for h in spec.workflow.notify if h.secret)}
-    return Masker(env[n] for n in names if n in env)
-
-
-class _Interrupts:
-    """SIGINT and SIGTERM set a flag and call the engine, instead of raising anywhere."""
-
-    def __init__(self) -> None:
-        # A Ctrl-C whose KeyboardInterrupt Python dropped (``stockade._pending``)
-        # still interrupts: replayed into the engine when it attaches.
-        self.count = _pending.take()
-        self.target: Callable[[], None] | None = None
-
-    def __call__(self, signum: int, frame: object) -> None:
-        self.count += 1
-        if self.target is not None:
-            self.target()
-
-    def attach(self, target: Callable[[], None]) -> None:
-        self.target = target
-        for _ in range(self.count):
-            target()
-
-
-@contextmanager
-def _signals_to(handler: _Interrupts) -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s in previous:
-        signal.signal(s, handler)
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 def _check_id(run_id: str | None, new_id: Callable[[], str]) -> str:
@@ -394,9 +274,9 @@ def start_run(
         manifest["executor"] = remote.cluster.to_json()
     prepared = Prepared(spec, plan, run, store, choice, values, files, trees, env, manifest,
                         toolchains=tools, remote=remote)
-    interrupts = _Interrupts()
+    interrupts = Interrupts()
     # From here on an interrupt ends the run as interrupted, never half-created.
-    with _signals_to(interrupts):
+    with signals_to(interrupts):
         _create(prepared, workflow_path)
         if on_start:
             on_start(run_id, run.path, choice)
@@ -502,8 +382,8 @@ def resume_run(
         raise
     prepared = Prepared(spec, plan, run, store, choice, values, files, trees, env, manifest,
                         toolchains=tools, remote=remote)
-    interrupts = _Interrupts()
-    with _signals_to(interrupts):
+    interrupts = Interrupts()
+    with signals_to(interrupts):
         prepared.lock = RunLock(run.path)
         try:
             prepared.lock.acquire()
@@ -557,7 +437,7 @@ def _on_broken(executor: DaskExecutor, engine: Engine, reporter: Reporter) -> No
 
 
 def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
-             interrupts: _Interrupts) -> RunResult:
+             interrupts: Interrupts) -> RunResult:
     """Run the engine under the engine lock (the caller installed the signal handling)."""
     from stockade.sandbox.none import NoneBackend
 
