@@ -508,9 +508,10 @@ class Engine:
         worker = (outcome.provenance or {}).get("worker") or {}
         self.reporter.echo(f"{attempt.item}: attempt {outcome.attempt} lost "
                            f"({self.ctx.masker.text(outcome.message)}); it runs again")
-        self.ledger.event("attempt_lost", {"step": attempt.step.id, "item": attempt.item.index,
-                                     "key": it.key, "attempt": outcome.attempt,
-                                     "worker": worker.get("name"), "why": outcome.message})
+        self.ledger.event("attempt_lost", {
+            "step": attempt.step.id, "item": attempt.item.index, "key": it.key,
+            "attempt": outcome.attempt, "worker": worker.get("name"), "why": outcome.message,
+        })
 
     def _retry_scheduled(self, action: RetryScheduled) -> None:
         sr = self.steps[action.step]
@@ -567,7 +568,7 @@ class Engine:
         # so show and the UI need not count a finished run's records again.
         tally = self.store.step_tallies(self.run.run_id, [action.step]).get(action.step)
         self.ledger.event("step_finished", {"step": action.step, "status": str(action.status),
-                                      "tally": tally_json(tally)})
+                                           "tally": tally_json(tally)})
         self.reporter.step_finished(action.step, str(action.status), action.message)
 
     def _summary(self, status: RunStatus) -> RunSummary:
