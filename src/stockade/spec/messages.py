@@ -119,6 +119,10 @@ _PATTERN_HELP = {
 }
 
 
+#: Fields given in seconds: a wrongly typed value is told the unit.
+_SECONDS = frozenset({"timeout", "retry_delay", "request_timeout"})
+
+
 def _expected(err: Mapping[str, Any]) -> str:
     kind = err["type"]
     ctx = err.get("ctx") or {}
@@ -267,5 +271,9 @@ def _problem(
         what = "step id" if path[-1] == "id" else "workflow name"
         return Problem(filename, *position(path),
                        f"{what} {describe(a.value)} must be {_expected(err)}")
-    message = f"{field_label(data, path)} must be {_expected(err)} (found {describe(a.value)})"
+    expected = _expected(err)
+    if expected in ("a number", "a whole number") and path and path[-1] in _SECONDS:
+        # timeout: 10m is a natural thing to write; the unit is the fix.
+        expected += " of seconds"
+    message = f"{field_label(data, path)} must be {expected} (found {describe(a.value)})"
     return Problem(filename, *position(path), message)
