@@ -197,6 +197,10 @@ def test_design_example_loads_clean() -> None:
          "    inputs: {v.txt: \"{{ item.outputs['v.txt'] }}\", w.txt: \"{{ steps.one.outputs['v.txt'] }}\"}\n"
          "    run: cat v.txt w.txt\n",
          lambda s: s.template("steps", 2, "inputs", "w.txt").refs == ("steps.one.outputs['v.txt']",)),
+        # spaces around a for_each expression keep it whole (its value stays a list)
+        ("name: w\nsteps:\n  - {id: a, for_each: [1, 2], run: x}\n"
+         "  - {id: b, needs: [a], for_each: '  {{ steps.a.items }} ', run: x}\n",
+         lambda s: s.template("steps", 1, "for_each").whole),
     ],
 )
 def test_valid_variants(yaml: str, check: Any) -> None:

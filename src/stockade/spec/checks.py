@@ -321,6 +321,10 @@ class Checker:
                 if why:
                     self.add(at, f"{fn}({p!r}) in {slot} of {label} {why}; "
                                  f"paths are relative to the workflow file and stay below it")
+        if slot == "for_each" and t.is_template and not t.whole:
+            # Text around the expression renders the whole value as a string.
+            self.add(at, f"for_each of {label} must be a single {{{{ }}}} expression giving a "
+                         "list, with nothing around it")
         if slot == "keep" and t.is_template and not t.whole:
             self.add(at, f"keep of {label} must be a single {{{{ }}}} expression giving true or false")
         if slot == "publish.lease" and (t.steps_used or t.uses_item or t.files or t.trees):
