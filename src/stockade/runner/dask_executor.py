@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -70,6 +71,7 @@ def connect(url: str, timeout: float | None = None) -> Any:
         raise UserError(f"--executor {url}: Dask is not installed here: "
                         "pip install 'stockade[dask]'") from None
     address = scheduler_address(url)
+    _refused(address, 5.0 if timeout is None else min(5.0, timeout))
     try:
         if timeout is None:
             return Client(address, set_as_default=False)  # type: ignore[no-untyped-call]
@@ -79,6 +81,23 @@ def connect(url: str, timeout: float | None = None) -> Any:
         raise InfraError(f"cannot reach the Dask scheduler at {address}: {exc}; start it "
                          "(`dask scheduler`) or check --executor / $STOCKADE_EXECUTOR "
                          "(`--executor local` runs on this machine)") from None
+
+
+def _refused(address: str, wait: float) -> None:
+    """Fail at once when nothing listens at ``address``: Dask's client retries a
+    refused connection until its timeout (30 s), a long wait for a wrong port.
+    Anything else (a port that does not answer, a name that does not resolve)
+    is left to the client and its timeout."""
+    parsed = urlparse(address)
+    try:
+        with socket.create_connection((parsed.hostname or "", parsed.port or 0), timeout=wait):
+            pass
+    except ConnectionRefusedError:
+        raise InfraError(f"cannot reach the Dask scheduler at {address}: nothing is listening "
+                         "there; start it (`dask scheduler`) or check --executor / "
+                         "$STOCKADE_EXECUTOR (`--executor local` runs on this machine)") from None
+    except OSError:
+        return
 
 
 def probe_workers(client: Any, requested: str | None, full: bool = False) -> dict[str, Any]:
