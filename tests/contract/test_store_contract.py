@@ -694,6 +694,32 @@ def test_reuse_candidates_newest_first_with_outputs(store: Store) -> None:
     assert store.reuse_candidates(many) == {}
 
 
+def test_reuse_reads_and_writes_in_chunks_lose_nothing(store: Store,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lists longer than a dialect takes at once (``_LIST_LIMIT``, made small
+    here where there is one) are split: every key, item and output comes back,
+    and the index trims every key of a batch."""
+    from stockade.store.base import REUSE_KEEP
+
+    if getattr(store, "_LIST_LIMIT", None) is not None:
+        monkeypatch.setattr(store, "_LIST_LIMIT", 7)
+    n = 50
+    for r in range(REUSE_KEEP + 1):
+        rid = f"r{r}"
+        store.create_run(run(rid, float(r)))
+        store.record_batch([], [(ItemRecord(rid, "a", i, "succeeded", 1),
+                                 [ArtifactRecord(rid, "a", i, 1, f"o{i}.txt", "cd" * 32, i)])
+                                for i in range(n)])
+        store.index_reuse([ReuseEntry(f"k{i}", rid, "a", i, 1, float(r)) for i in range(n)])
+    got = store.reuse_candidates([f"k{i}" for i in range(n)], limit=REUSE_KEEP + 1)
+    assert sorted(got) == sorted(f"k{i}" for i in range(n))
+    for i in range(n):
+        # Trimmed to REUSE_KEEP per key, newest first, each with its own output.
+        assert [c.run_id for c in got[f"k{i}"]] == [f"r{r}" for r in range(REUSE_KEEP, 0, -1)]
+        assert all([(o.name, o.size) for o in c.outputs] == [(f"o{i}.txt", i)]
+                   for c in got[f"k{i}"])
+
+
 def test_the_reuse_index_keeps_the_newest_entries_of_a_key(store: Store) -> None:
     """A key reused night after night keeps REUSE_KEEP entries, not one per run."""
     from stockade.store.base import REUSE_KEEP

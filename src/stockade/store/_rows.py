@@ -145,9 +145,9 @@ def reuse_found(rows: Iterable[Sequence[Any]], limit: int,
     step, item, attempt, root, result)`` newest first, each with its outputs.
 
     ``outputs_of(run_id, step, items)`` reads those items' artifact rows (in
-    column order, by item and name), at most 500 items a call: by the
-    artifacts' primary key, only for the candidates kept (joining the index
-    read every indexed item's outputs, four times what ``limit=1`` takes).
+    column order, by item and name), one call per step: by the artifacts'
+    primary key, only for the candidates kept (joining the index read every
+    indexed item's outputs, four times what ``limit=1`` takes).
     """
     kept: dict[str, list[Sequence[Any]]] = {}
     for row in rows:
@@ -160,10 +160,8 @@ def reuse_found(rows: Iterable[Sequence[Any]], limit: int,
             by_step.setdefault((row[1], row[2]), set()).add(row[3])
     outputs: dict[tuple[str, str, int, int], list[ArtifactRecord]] = {}
     for (run_id, step), items in by_step.items():
-        ordered = sorted(items)
-        for i in range(0, len(ordered), 500):
-            for a in outputs_of(run_id, step, ordered[i:i + 500]):
-                outputs.setdefault((a[0], a[1], a[2], a[3]), []).append(ArtifactRecord(*a))
+        for a in outputs_of(run_id, step, sorted(items)):
+            outputs.setdefault((a[0], a[1], a[2], a[3]), []).append(ArtifactRecord(*a))
     return {key: [ReuseCandidate(key, run_id, step, item, attempt, root,
                                  tuple(outputs.get((run_id, step, item, attempt), ())),
                                  load_json(result))

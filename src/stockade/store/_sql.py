@@ -139,9 +139,12 @@ class SQLStore(Store):
         return reuse_found(rows, limit, self._outputs_of)
 
     def _outputs_of(self, run_id: str, step: str, items: list[int]) -> list[tuple[Any, ...]]:
-        cond, args = self._in("item", items)
-        return self._read(f"SELECT * FROM artifacts WHERE run_id = ? AND step = ? AND {cond}"
-                          " ORDER BY item, name", (run_id, step, *args))
+        rows: list[tuple[Any, ...]] = []
+        for part in self._chunks(items):  # ``items`` is sorted: so are the chunks' rows
+            cond, args = self._in("item", part)
+            rows += self._read(f"SELECT * FROM artifacts WHERE run_id = ? AND step = ? AND {cond}"
+                               " ORDER BY item, name", (run_id, step, *args))
+        return rows
 
     # -- items ---------------------------------------------------------------
 

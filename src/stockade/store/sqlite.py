@@ -295,15 +295,14 @@ class SQLiteStore(SQLStore):
         stmts: list[tuple[str, tuple[Any, ...]]] = [
             ("INSERT OR REPLACE INTO reuse_index VALUES (?,?,?,?,?,?)",
              (e.key, e.run_id, e.step, e.item, e.attempt, e.created_at)) for e in entries]
-        keys = sorted({e.key for e in entries})
-        for chunk in range(0, len(keys), 500):
-            part = keys[chunk:chunk + 500]
+        for part in self._chunks(sorted({e.key for e in entries})):
+            cond, args = self._in("key", part)
             stmts.append((
                 "DELETE FROM reuse_index WHERE (key, run_id, step, item) IN ("
                 " SELECT key, run_id, step, item FROM (SELECT key, run_id, step, item,"
                 " ROW_NUMBER() OVER (PARTITION BY key ORDER BY created_at DESC) AS n"
-                f" FROM reuse_index WHERE key IN ({','.join('?' * len(part))})) WHERE n > ?)",
-                (*part, REUSE_KEEP)))
+                f" FROM reuse_index WHERE {cond}) WHERE n > ?)",
+                (*args, REUSE_KEEP)))
         self._tx(stmts)
 
     # -- attempts and items ------------------------------------------------
