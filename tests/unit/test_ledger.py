@@ -121,3 +121,14 @@ def test_only_succeeded_items_with_a_key_are_indexed_for_reuse(ledger: Ledger, s
     ledger.flush()
     found = store.reuse_candidates(["k0", "k2"])
     assert sorted(found) == ["k0"]
+
+
+def test_a_step_that_ran_no_item_gets_one_record_at_once(ledger: Ledger, store: Store) -> None:
+    finish(ledger, 0, ok())  # pending, not yet written
+    ledger.step_record("t", ItemStatus.ERRORED, f"for_each failed near {SECRET}")
+    ledger.step_record("u", ItemStatus.SKIPPED, "skipped: needs t")
+    got = {i.step: i for i in store.items("r1")}
+    assert set(got) == {"t", "u"}
+    assert got["t"].status == "errored" and SECRET not in got["t"].message
+    assert (got["u"].status, got["u"].message, got["u"].attempt) == ("skipped", "skipped: needs t", 0)
+    assert got["u"].started_at == got["u"].ended_at == 5.0

@@ -333,7 +333,8 @@ class Engine:
                                 f"step; repeated: {', '.join(dupes[:5])}")
         except ITEM_ERRORS as exc:
             message = self.ctx.masker.text(error_message(exc))
-            self._record_step_error(sid, message, now)
+            self.ledger.step_record(sid, ItemStatus.ERRORED, message)
+            self.messages.append(f"{sid}: {message}")
             return ExpandFailed(sid, message, now)
         sr.items = [_Item(i, k, v) for i, (k, v) in enumerate(zip(keys, values, strict=True))]
         done: set[int] = set()
@@ -399,11 +400,6 @@ class Engine:
             yield
         except ITEM_ERRORS as exc:
             raise UserError(f"{self._locate(sid, *path)}: {error_message(exc)}") from exc
-
-    def _record_step_error(self, sid: str, message: str, now: float) -> None:
-        self.store.complete_item(ItemRecord(self.run.run_id, sid, 0, ItemStatus.ERRORED, 0,
-                                            message=message, started_at=now, ended_at=now), [])
-        self.messages.append(f"{sid}: {message}")
 
     def _step_started(self, action: StepStarted) -> None:
         self.reporter.step_started(action.step, action.items)
@@ -556,11 +552,8 @@ class Engine:
         sr = self.steps[action.step]
         self.ledger.flush()
         if action.status is StepStatus.SKIPPED:
-            now = self.ctx.clock()
             message = f"skipped: {action.message}" if action.message else "skipped"
-            self.store.complete_item(ItemRecord(self.run.run_id, action.step, 0,
-                                                ItemStatus.SKIPPED, 0, message=message,
-                                                started_at=now, ended_at=now), [])
+            self.ledger.step_record(action.step, ItemStatus.SKIPPED, message)
         if self.scheduler.usable(action.step):
             good = [r for r in sr.results.values() if r.status is ItemStatus.SUCCEEDED]
             self.views[action.step] = step_view(sr.step.kind, sr.step.for_each is not None, good)

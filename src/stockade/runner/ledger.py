@@ -89,6 +89,14 @@ class Ledger:
             self.flush()
         return rec
 
+    def step_record(self, step: str, status: ItemStatus, message: str) -> None:
+        """Write at once the one record of a step that ran no item (skipped, or
+        its items could not be made), message masked."""
+        now = self._clock()
+        self.store.complete_item(ItemRecord(self.run_id, step, 0, str(status), 0,
+                                            message=self.masker.text(message),
+                                            started_at=now, ended_at=now), [])
+
     def flush(self) -> None:
         """Write what is pending, attempts and items in one transaction."""
         if self._attempts or self._items:
