@@ -78,9 +78,13 @@ def connect(url: str, timeout: float | None = None) -> Any:
         return Client(address, timeout=timeout,  # type: ignore[no-untyped-call]
                       set_as_default=False)
     except (OSError, TimeoutError) as exc:
-        raise InfraError(f"cannot reach the Dask scheduler at {address}: {exc}; start it "
-                         "(`dask scheduler`) or check --executor / $STOCKADE_EXECUTOR "
-                         "(`--executor local` runs on this machine)") from None
+        raise _unreachable(address, str(exc)) from None
+
+
+def _unreachable(address: str, why: str) -> InfraError:
+    return InfraError(f"cannot reach the Dask scheduler at {address}: {why}; start it "
+                      "(`dask scheduler`) or check --executor / $STOCKADE_EXECUTOR "
+                      "(`--executor local` runs on this machine)")
 
 
 def _refused(address: str, wait: float) -> None:
@@ -93,9 +97,7 @@ def _refused(address: str, wait: float) -> None:
         with socket.create_connection((parsed.hostname or "", parsed.port or 0), timeout=wait):
             pass
     except ConnectionRefusedError:
-        raise InfraError(f"cannot reach the Dask scheduler at {address}: nothing is listening "
-                         "there; start it (`dask scheduler`) or check --executor / "
-                         "$STOCKADE_EXECUTOR (`--executor local` runs on this machine)") from None
+        raise _unreachable(address, "nothing is listening there") from None
     except OSError:
         return
 

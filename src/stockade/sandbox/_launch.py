@@ -12,39 +12,53 @@ from __future__ import annotations
 
 import resource
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from stockade.errors import InfraError
 from stockade.sandbox.policy import Policy, Resources
 
-#: Each limit of ``Resources``, in the order every launcher sets them: the
-#: field; its ``RLIMIT_*`` for ``base_rlimits`` (None for processes:
-#: RLIMIT_NPROC counts per uid, so each backend sets it as its jail needs);
-#: ``prlimit``'s option; ``ulimit``'s flag and the unit it counts in.
-_LIMITS: tuple[tuple[str, int | None, str, str, int], ...] = (
-    ("memory_bytes", resource.RLIMIT_AS, "as", "-v", 1024),
-    ("cpu_seconds", resource.RLIMIT_CPU, "cpu", "-t", 1),
-    ("processes", None, "nproc", "-u", 1),
-    ("file_size_bytes", resource.RLIMIT_FSIZE, "fsize", "-f", 512),
+
+class _Limit(NamedTuple):
+    """One limit of ``Resources`` as each launcher names it."""
+
+    field: str
+    #: ``RLIMIT_*`` for ``base_rlimits``; None for processes: RLIMIT_NPROC
+    #: counts per uid, so each backend sets it as its jail needs.
+    rlimit: int | None
+    prlimit: str
+    ulimit: str
+    #: The unit ``ulimit`` counts in, in the field's own units.
+    ulimit_unit: int
+
+
+#: In the order every launcher sets them.
+_LIMITS = (
+    _Limit("memory_bytes", resource.RLIMIT_AS, "as", "-v", 1024),
+    _Limit("cpu_seconds", resource.RLIMIT_CPU, "cpu", "-t", 1),
+    _Limit("processes", None, "nproc", "-u", 1),
+    _Limit("file_size_bytes", resource.RLIMIT_FSIZE, "fsize", "-f", 512),
 )
 
 
-def _set(resources: Resources) -> Iterator[tuple[tuple[str, int | None, str, str, int], int]]:
-    for row in _LIMITS:
-        value = getattr(resources, row[0])
+def _set(resources: Resources) -> Iterator[tuple[_Limit, int]]:
+    """The limits ``resources`` sets, with their values."""
+    for limit in _LIMITS:
+        value = getattr(resources, limit.field)
         if value is not None:
-            yield row, value
+            yield limit, value
 
 
 def base_rlimits(resources: Resources) -> list[tuple[int, int]]:
     """No core dumps, and the step's memory, CPU and file-size limits, as
     ``(RLIMIT_*, value)`` pairs; each backend adds what its jail needs."""
     return [(resource.RLIMIT_CORE, 0),
-            *((which, value) for (_, which, *_), value in _set(resources) if which is not None)]
+            *((limit.rlimit, value) for limit, value in _set(resources)
+              if limit.rlimit is not None)]
 
 
 def rlimit_prefix(resources: Resources, prlimit: str | None) -> list[str]:
     """``prlimit --as=... --`` for the limits that are set (core dumps always off)."""
-    opts = [f"--{option}={value}" for (_, _, option, _, _), value in _set(resources)]
+    opts = [f"--{limit.prlimit}={value}" for limit, value in _set(resources)]
     if not opts:
         return []
     if prlimit is None:
@@ -55,8 +69,9 @@ def rlimit_prefix(resources: Resources, prlimit: str | None) -> list[str]:
 def ulimit_prefix(resources: Resources) -> list[str]:
     """A POSIX ``sh`` wrapper setting rlimits (``-v`` counts KiB, ``-f``
     512-byte blocks; at least one of either)."""
-    opts = [f"ulimit {flag} {value if unit == 1 else max(value // unit, 1)}"
-            for (_, _, _, flag, unit), value in _set(resources)]
+    opts = [f"ulimit {limit.ulimit} "
+            f"{value if limit.ulimit_unit == 1 else max(value // limit.ulimit_unit, 1)}"
+            for limit, value in _set(resources)]
     if not opts:
         return []
     return ["/bin/sh", "-c", "; ".join(opts) + '; exec "$0" "$@"']
