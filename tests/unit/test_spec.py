@@ -207,6 +207,21 @@ def test_valid_variants(yaml: str, check: Any) -> None:
     assert check(load_workflow(yaml.encode(), "ok.yaml"))
 
 
+def test_every_field_in_seconds_is_told_its_unit() -> None:
+    from stockade.spec.messages import SECONDS_FIELDS
+    from stockade.spec.schema import DESCRIPTIONS
+
+    # "Seconds" as a word of the text (not cpu_seconds, a field whose name says it).
+    described = {name for fields in DESCRIPTIONS.values() for name, text in fields.items()
+                 if re.search(r"(?<![\w])seconds?\b", text, re.IGNORECASE)}
+    assert described == SECONDS_FIELDS
+    wf = ("name: w\nsteps:\n  - {id: a, run: x, timeout: 1m, retry_delay: 2s}\n"
+          "  - {id: b, agent: {prompt: hi, request_timeout: 1h}}\n"
+          "  - {id: c, publish: {to: 'file:///tmp/x', key: k, payload: x, lease_ttl: 5m}}\n")
+    got = problems_of(wf.encode())
+    assert len(got) == 4 and all("must be a number of seconds (found" in g for g in got), got
+
+
 def _validate(instance: Any, schema: dict[str, Any], root: dict[str, Any], path: str = "$") -> list[str]:
     """A small structural JSON Schema checker: enough to prove the example fits."""
     if "$ref" in schema:

@@ -119,8 +119,10 @@ _PATTERN_HELP = {
 }
 
 
-#: Fields given in seconds: a wrongly typed value is told the unit.
-_SECONDS = frozenset({"timeout", "retry_delay", "request_timeout"})
+#: Fields given in seconds whose name does not say so: a wrongly typed value
+#: is told the unit (``tests/unit/test_spec.py`` checks this against the
+#: fields ``spec.schema`` describes in seconds).
+SECONDS_FIELDS = frozenset({"timeout", "retry_delay", "request_timeout", "lease_ttl"})
 
 
 def _expected(err: Mapping[str, Any]) -> str:
@@ -272,7 +274,7 @@ def _problem(
         return Problem(filename, *position(path),
                        f"{what} {describe(a.value)} must be {_expected(err)}")
     expected = _expected(err)
-    if expected in ("a number", "a whole number") and path and path[-1] in _SECONDS:
+    if expected in ("a number", "a whole number") and path and path[-1] in SECONDS_FIELDS:
         # timeout: 10m is a natural thing to write; the unit is the fix.
         expected += " of seconds"
     message = f"{field_label(data, path)} must be {expected} (found {describe(a.value)})"
