@@ -54,7 +54,7 @@ def _render(report: dict[str, Any]) -> None:
 
 def _cluster(url: str, requested: str | None) -> dict[str, Any]:
     """Each worker's report, probed on the worker (``runner.worker.probe_worker``)."""
-    from stockade.runner.dask_executor import connect, probe_workers
+    from stockade.runner.dask_cluster import connect, probe_workers
 
     client = connect(url)
     try:

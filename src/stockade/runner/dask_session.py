@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from stockade.runner.dask_executor import Cluster, DaskExecutor, connect, survey
+from stockade.runner.dask_cluster import Cluster, connect, survey
+from stockade.runner.dask_executor import DaskExecutor
 from stockade.runner.remote import RemoteSettings
 from stockade.runner.roots import EXECUTOR_ENV, executor_url
 from stockade.workspace.layout import RunDir, read_json, write_json
