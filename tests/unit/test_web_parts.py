@@ -8,7 +8,8 @@ import pytest
 
 from stockade.runner.status import RunStatus
 from stockade.store.base import RunRecord
-from stockade.web.app import allowed_host, dur, script_json, size, tokens
+from stockade.web.format import dur, script_json, size, tokens
+from stockade.web.guard import allowed_host
 from stockade.web.live import changes, parse_offsets
 from stockade.web.model import FinalCache, Fold, group, pack
 

@@ -3,7 +3,7 @@
 Pages are rendered on the server (Jinja2, autoescaped: keys, messages and logs
 are the workflow's text, never markup) with the small JSON their script needs;
 ``/live/...`` streams carry only what changed. Every request must name this
-server by a loopback ``Host`` (``guard``); actions also need the per-server
+server by a loopback ``Host`` (``web.guard``); actions also need the per-server
 token and a same-origin ``Origin``. Must not import the engine, the sandbox or
 the CLI.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -21,7 +20,6 @@ from typing import Any
 from urllib.parse import quote
 
 import anyio
-import jinja2
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import (
@@ -34,7 +32,6 @@ from starlette.responses import (
 )
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stockade.errors import UserError
 from stockade.runner.history import read_manifest
@@ -42,6 +39,7 @@ from stockade.runner.runs import resolve_run, state
 from stockade.runner.status import RunStatus
 from stockade.store.base import RunRecord, Store
 from stockade.web import actions, detail, items, live, model
+from stockade.web.format import dur, environment, pretty, script_json, when
 from stockade.workspace.beneath import Refused, Walker, sha256_fd
 
 #: Seconds between two looks at the store for one event stream.
@@ -61,37 +59,6 @@ HEADERS = {
 }
 
 
-def allowed_host(header: str | None, port: int) -> bool:
-    """Only the loopback names, with this server's port: a DNS-rebound page is refused."""
-    if not header:
-        return False
-    return header.strip().lower() in {f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"}
-
-
-class HostGuard:
-    """Refuses (421) every request whose ``Host`` is not this server's loopback name."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket"):
-            await self.app(scope, receive, send)
-            return
-        hosts = [v.decode("latin-1") for k, v in scope["headers"] if k == b"host"]
-        server = scope.get("server") or ("", 0)
-        port = int(server[1] or 0)
-        if len(hosts) != 1 or not allowed_host(hosts[0], port):
-            body = (f"this server answers only to 127.0.0.1:{port}, localhost:{port} or "
-                    f"[::1]:{port}\n").encode()
-            await send({"type": "http.response.start", "status": 421,
-                        "headers": [(b"content-type", b"text/plain; charset=utf-8"),
-                                    (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
-            return
-        await self.app(scope, receive, send)
-
-
 @dataclass
 class Settings:
     store: Store
@@ -99,62 +66,6 @@ class Settings:
     token: str = ""
     #: The command that resumes a run (``stockade`` with the server's root).
     resume_argv: Callable[[RunRecord], list[str]] | None = None
-
-
-# -- formatting for the templates ------------------------------------------------------
-
-
-def when(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
-
-
-def dur(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 10:
-        return f"{seconds:.2f}s"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    m, s = divmod(int(seconds), 60)
-    if m < 60:
-        return f"{m}m{s:02d}s"
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m"
-
-
-def size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
-
-
-def tokens(usage: dict[str, int] | None) -> str:
-    if not usage:
-        return "-"
-    total = sum(v for k, v in usage.items() if k.endswith("_tokens"))
-    return f"{total:,}" if total else "-"
-
-
-def script_json(value: Any) -> str:
-    """JSON safe inside a <script> element (no ``</script>``, no HTML comments)."""
-    return json.dumps(value, default=str).replace("<", "\\u003c").replace(">", "\\u003e") \
-        .replace("&", "\\u0026")
-
-
-def _env() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("stockade.web", "templates"),
-        autoescape=True, trim_blocks=True, lstrip_blocks=True,
-        undefined=jinja2.ChainableUndefined,
-    )
-    env.filters.update(when=when, dur=dur, size=size, tokens=tokens,
-                       q=lambda s: quote(str(s), safe=""), short=lambda h: str(h)[:12])
-    return env
 
 
 # -- the app ---------------------------------------------------------------------------
@@ -170,7 +81,7 @@ class UI:
         self.reuse = model.Reuse(self.store)
         self.rows = model.RunRows(self.store)
         self.final = model.FinalCache()
-        self.env = _env()
+        self.env = environment()
         for name in ("runs.html", "run.html", "step.html", "item.html", "error.html"):
             self.env.get_template(name)  # compiled now, not on someone's first look
 
@@ -318,8 +229,8 @@ class UI:
             transcript=detail.transcript(adir) if adir and kind == "agent" else None,
             publish=detail.publish_outcome(self.store, record, rec, chosen)
             if kind == "publish" else None,
-            value_json=_pretty(rec.value) if rec else "",
-            result_json=_pretty(rec.result) if rec else "",
+            value_json=pretty(rec.value) if rec else "",
+            result_json=pretty(rec.result) if rec else "",
             live=f"/live{base}?logs={','.join(offsets)}&finished={1 if rec else 0}",
             crumbs=[(record.run_id, f"/runs/{quote(record.run_id)}"),
                     (step, f"/runs/{quote(record.run_id)}/{quote(step)}"), (loc.key, "")],
@@ -480,13 +391,6 @@ class UI:
         return actions.resume(self.s, request)
 
 
-def _pretty(value: Any, limit: int = 20_000) -> str:
-    if value is None:
-        return ""
-    text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
-    return text if len(text) <= limit else text[:limit] + f"\n... ({len(text) - limit} more characters)"
-
-
 def _chunks(fd: int, close: Callable[[], None]) -> Iterator[bytes]:
     try:
         while chunk := os.read(fd, 1 << 20):
@@ -551,7 +455,3 @@ def make_app(settings: Settings) -> Starlette:
     app = Starlette(routes=routes)
     app.state.ui = ui
     return app
-
-
-def guarded(app: ASGIApp) -> ASGIApp:
-    return HostGuard(app)

@@ -2,7 +2,7 @@
 
 The socket is bound here (loopback only) before uvicorn takes it, so a port in
 use is one clear message and ``--port 0`` can say which port it got. Every
-request must carry a loopback ``Host`` with this port (``app.HostGuard``).
+request must carry a loopback ``Host`` with this port (``web.guard``).
 Must not import the runner's engine or the sandbox.
 """
 
@@ -21,7 +21,8 @@ import click
 from stockade.cli.main import friendly
 from stockade.errors import UserError
 from stockade.store.base import Store
-from stockade.web.app import Settings, allowed_host, guarded, make_app
+from stockade.web.app import Settings, make_app
+from stockade.web.guard import allowed_host, guarded
 
 __all__ = ["UIServer", "allowed_host", "make_server", "ui"]
 
