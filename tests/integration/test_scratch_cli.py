@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from stockade.sandbox.bwrap import SCRATCH_POINTS
+from stockade.sandbox._bwrap_argv import SCRATCH_POINTS
 from tests.integration.conftest import Project
 from tests.sandbox.lifetime_helpers import ALL_BACKENDS, LAUNCHER_ENV, sandbox_of
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from stockade.sandbox import Resources, _lifetime, bwrap
+from stockade.sandbox import Resources, _bwrap_argv, _lifetime, bwrap
 from stockade.sandbox.bwrap import BwrapBackend
 from tests.sandbox.conftest import World, available_backend, world_at
 from tests.sandbox.lifetime_helpers import pinned_lifetime
@@ -128,7 +128,7 @@ COVER_PROBE = (
 
 def test_work_below_tmp_gets_its_mount_points_in_memory_read_only(world_in_tmp: World) -> None:
     w = world_in_tmp
-    cover = bwrap.scratch_covers(w.policy(["true"]))
+    cover = _bwrap_argv.scratch_covers(w.policy(["true"]))
     top = w.base.name
     assert cover == [f"/tmp/{top}"]
     r = w.run(COVER_PROBE, cover[0], str(w.item))
@@ -147,7 +147,7 @@ def test_positive_control_without_the_cover_the_chain_is_made_in_the_scratch(
     world_in_tmp: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     w = world_in_tmp
-    monkeypatch.setattr(bwrap, "scratch_covers", lambda policy: [])
+    monkeypatch.setattr(_bwrap_argv, "scratch_covers", lambda policy: [])
     r = w.run(COVER_PROBE, f"/tmp/{w.base.name}", str(w.item))
     assert r.status == 0, r.both
     assert f"made /tmp/{w.base.name}/new" in r.out, r.both  # writable, on disk

@@ -17,9 +17,9 @@ import pytest
 
 from stockade.errors import InfraError
 from stockade.sandbox import Policy, Resources
+from stockade.sandbox._bwrap_argv import bwrap_argv, image_limits, image_points
 from stockade.sandbox._host import HostLayout
 from stockade.sandbox._layers import LayerRefused, Tree, resolve_in
-from stockade.sandbox.bwrap import bwrap_argv, image_limits, image_points
 from stockade.sandbox.image import ImageError, RootOp, open_image, root_plan
 from tests.images import Entry, docker_save, layer, oci_layout
 

@@ -9,15 +9,15 @@ import pytest
 
 from stockade.errors import InfraError
 from stockade.sandbox import ExtraMount, Policy, Resources, seccomp
-from stockade.sandbox._host import HostLayout
-from stockade.sandbox._launch import rlimit_prefix, ulimit_prefix
-from stockade.sandbox._reach import BridgePlan
-from stockade.sandbox.bwrap import (
+from stockade.sandbox._bwrap_argv import (
     bwrap_argv,
     jail_env,
     scratch_covers,
     scratch_mount_points,
 )
+from stockade.sandbox._host import HostLayout
+from stockade.sandbox._launch import rlimit_prefix, ulimit_prefix
+from stockade.sandbox._reach import BridgePlan
 from stockade.sandbox.landlock import landlock_request
 from stockade.sandbox.macos import sbpl_profile, sbpl_quote
 from tests.unit.test_sandbox_seccomp import ALLOW, ARCH, EACCES, run_bpf
