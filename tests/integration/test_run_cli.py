@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -503,3 +504,27 @@ def test_isolate_false_is_recorded_as_an_opt_out(project: Project) -> None:
     assert free["sandbox"] == {"backend": "none", "enforced": False, "isolate": False}
     assert jailed["sandbox"]["isolate"] is True
     assert jailed["sandbox"]["enforced"] is True
+
+
+def test_repeated_item_keys_stop_the_step_before_any_item_runs(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: dup
+        steps:
+          - id: fan
+            for_each: [a, b, c, b]
+            key: "{{ item | upper }}"
+            run: echo {{ item }} > out/x.txt
+            outputs: [x.txt]
+          - id: after
+            needs: [fan]
+            run: echo done
+    """)
+    r = project.run("run", str(wf), "--run-id", "k1")
+    assert r.code == 1, r.err
+    assert "Traceback" not in r.err
+    assert re.search(r"wf\.yaml:\d+:\d+: keys must be unique within the step; repeated: B$",
+                     r.out + r.err, re.MULTILINE), r.out + r.err
+    assert "after: skipped" in r.out + r.err
+    # No item was made, so none ran.
+    fan = project.root / "runs" / "k1" / "fan"
+    assert not fan.exists() or not any(fan.iterdir())

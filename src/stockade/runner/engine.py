@@ -41,7 +41,7 @@ from stockade.runner.attempt import (
     error_message,
 )
 from stockade.runner.executor import Executor
-from stockade.runner.keys import check_key, item_keys
+from stockade.runner.keys import check_key, item_keys, key_problem
 from stockade.runner.kinds import inline_kind, is_inline, makes_attempt_folders
 from stockade.runner.kinds.process import (
     network_mode,
@@ -75,6 +75,7 @@ from stockade.runner.scheduler import (
     Tick,
 )
 from stockade.runner.status import ITEM_BAD, AttemptStatus, ItemStatus, RunStatus, StepStatus
+from stockade.runner.summary import RunSummary
 from stockade.runner.views import ItemResult, artifacts_of, step_view
 from stockade.spec import Spec
 from stockade.spec.model import Step
@@ -102,20 +103,6 @@ def collector_paced(threshold: int = GC_THRESHOLD) -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(*before)
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    status: RunStatus
-    steps: Mapping[str, StepStatus]
-    items: Mapping[str, Mapping[str, int]]
-    messages: tuple[str, ...]
-    #: Attempts that were retries, per step.
-    retries: Mapping[str, int] = field(default_factory=dict)
-    #: Items taken from earlier runs, per step.
-    reused: Mapping[str, int] = field(default_factory=dict)
-    #: Agent token usage of the whole run, from the store (``show`` gives the same).
-    usage: Mapping[str, int] = field(default_factory=dict)
 
 
 #: The folders of attempts made only to key items (``_find_reusable``).
@@ -321,16 +308,10 @@ class Engine:
                         raise UserError(f"{self._locate(sid, 'key')}: {error_message(exc)}") \
                             from exc
             keys = item_keys(values, explicit)
-            if any(self.ctx.masker.text(k) != k for k in keys):
-                # Keys are recorded and shown everywhere: one holding a secret would leak it.
-                raise UserError(f"{self._locate(sid, 'key' if explicit else 'for_each')}: an "
-                                "item key contains a secret value; give the step a key: that "
-                                "does not")
-            dupes = sorted({k for k in keys if keys.count(k) > 1}) if len(set(keys)) < len(keys) \
-                else []
-            if dupes:
-                raise UserError(f"{self._locate(sid, 'key')}: keys must be unique within the "
-                                f"step; repeated: {', '.join(dupes[:5])}")
+            problem = key_problem(keys, self.ctx.masker.text)
+            if problem:
+                raise UserError(f"{self._locate(sid, 'key' if explicit else 'for_each')}: "
+                                f"{problem}")
         except ITEM_ERRORS as exc:
             message = self.ctx.masker.text(error_message(exc))
             self.ledger.step_record(sid, ItemStatus.ERRORED, message)

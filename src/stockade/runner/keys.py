@@ -8,6 +8,8 @@ Must not import the engine or the CLI.
 from __future__ import annotations
 
 import re
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from stockade.errors import UserError
@@ -48,3 +50,18 @@ def check_key(key: Any) -> str:
         raise UserError(f"key {text!r} cannot name an item: use 1 to {MAX_KEY} characters "
                         "without '/', control characters or a leading '#'")
     return text
+
+
+def key_problem(keys: Sequence[str], masked: Callable[[str], str]) -> str | None:
+    """Why ``keys`` cannot name a step's items, or None.
+
+    Keys are recorded and shown everywhere, so one that ``masked`` changes
+    (it holds a secret value) would leak it; two alike would make
+    ``STEP/KEY`` name two items (only rendered ``key:`` values can repeat:
+    ``item_keys`` falls back to indexes)."""
+    if any(masked(k) != k for k in keys):
+        return "an item key contains a secret value; give the step a key: that does not"
+    repeated = sorted(k for k, n in Counter(keys).items() if n > 1)
+    if repeated:
+        return f"keys must be unique within the step; repeated: {', '.join(repeated[:5])}"
+    return None

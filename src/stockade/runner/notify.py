@@ -19,9 +19,9 @@ from typing import Any
 
 import httpx
 
-from stockade.runner.engine import RunSummary
 from stockade.runner.env import Masker
 from stockade.runner.status import ITEM_BAD, ItemStatus, RunStatus
+from stockade.runner.summary import RunSummary
 from stockade.spec import Spec
 from stockade.spec.sinkurl import redact
 from stockade.store.base import Event, ItemRecord, Store

@@ -25,7 +25,7 @@ from stockade.runner import preflight, toolchains
 from stockade.runner.attempt import Jails, PublishSettings, RunContext
 from stockade.runner.captures import Captures
 from stockade.runner.cpus import available_cpus
-from stockade.runner.engine import Engine, RunSummary
+from stockade.runner.engine import Engine
 from stockade.runner.executor import Executor, LocalExecutor
 from stockade.runner.given import (
     apply_overrides,
@@ -41,6 +41,7 @@ from stockade.runner.reuse import secret_key
 from stockade.runner.roots import executor_url, open_run_store
 from stockade.runner.signals import Interrupts, signals_to
 from stockade.runner.status import RunStatus
+from stockade.runner.summary import RunSummary
 from stockade.sandbox.base import Backend
 from stockade.spec import Spec
 from stockade.store.base import Event, RunExists, RunRecord, Store
