@@ -276,11 +276,21 @@ def test_a_process_started_here_dies_with_its_thread(
 
 
 def test_the_local_executors_item_threads_launch_here() -> None:
+    from stockade.runner.attempt import Outcome
     from stockade.runner.executor import LocalExecutor
+    from stockade.runner.status import AttemptStatus
 
-    ex = LocalExecutor(2)
+    seen: list[bool] = []
+
+    def run(attempt: object) -> Outcome:
+        seen.append(getattr(_direct._here, "on", False))
+        return Outcome(AttemptStatus.SUCCEEDED, 1)
+
+    ex = LocalExecutor(2, run=run)  # type: ignore[arg-type]
     try:
-        assert ex._pool.submit(lambda: getattr(_direct._here, "on", False)).result(10) is True
+        ex.submit(object())  # type: ignore[arg-type]
+        assert len(ex.completed(10)) == 1
+        assert seen == [True]
     finally:
         ex.close()
     assert getattr(_direct._here, "on", False) is False  # this (test) thread did not

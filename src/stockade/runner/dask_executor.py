@@ -27,13 +27,13 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from queue import Empty, SimpleQueue
 from typing import Any
 
 from stockade.runner.attempt import Attempt, Outcome
 from stockade.runner.dask_cluster import Cluster
-from stockade.runner.executor import Done, _result, _run, drain
+from stockade.runner.executor import Done, _run, drain, internal_error
 from stockade.runner.jobs import JobResult, WorkerInfo
 from stockade.runner.remote import Pending, RemoteSettings, build, complete
 from stockade.runner.status import AttemptStatus
@@ -110,7 +110,7 @@ class DaskExecutor:
     def submit(self, attempt: Attempt) -> None:
         if attempt.step.kind not in ("run", "agent"):
             fut = self._local.submit(_run, attempt)
-            fut.add_done_callback(lambda f: self._done.put((attempt, _result(attempt, f))))
+            fut.add_done_callback(lambda f: self._done.put((attempt, _local_result(attempt, f))))
             return
         self._pool.submit(self._launch, attempt)
 
@@ -406,6 +406,17 @@ class DaskExecutor:
 #: compete with the jails for the CPUs.
 BATCH_WAIT = 0.01
 BATCH_SIZE = 32
+
+
+def _local_result(attempt: Attempt, fut: Future[Outcome]) -> Outcome:
+    """The outcome of an attempt run here (``publish:``); a bug in a kind becomes
+    an errored outcome, not a lost item."""
+    if fut.cancelled():
+        now = attempt.clock()
+        return Outcome(AttemptStatus.INTERRUPTED, attempt.number, started_at=now, ended_at=now,
+                       message="interrupted before it started", retryable=False)
+    exc = fut.exception()
+    return fut.result() if exc is None else internal_error(attempt, exc)
 
 
 def _gather_more(q: SimpleQueue[Any]) -> list[Any]:
