@@ -129,3 +129,14 @@ def test_size_and_tokens() -> None:
                                                                  "5.0 MiB"]
     assert tokens({"input_tokens": 1200, "output_tokens": 34, "calls": 3}) == "1,234"
     assert tokens({}) == "-" and tokens(None) == "-"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(None, "-"), (0.5, "0.5s"), (9.99, "10.0s"), (59.94, "59.9s"), (60, "1m00s"),
+     (3599, "59m59s"), (3600, "1h00m"), (90061, "25h01m")],
+)
+def test_the_cli_durations_have_no_hundredths(seconds: float | None, text: str) -> None:
+    from stockade._show import duration
+
+    assert duration(seconds) == text

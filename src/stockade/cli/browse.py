@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from stockade._show import duration, when
 from stockade.cli.main import _root, friendly, json_option, root_option
 from stockade.errors import UserError
 from stockade.runner import history
@@ -33,22 +34,6 @@ def _store(root: Path, url: str | None = None) -> Store:
     if not url and not (root / "stockade.db").exists():
         raise UserError(f"no runs under {root} (set --root or $STOCKADE_HOME)")
     return open_run_store(root, url, os.environ)
-
-
-def _when(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    m, s = divmod(int(seconds), 60)
-    if m < 60:
-        return f"{m}m{s:02d}s"
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m"
 
 
 @click.command()
@@ -84,7 +69,7 @@ def runs(root: str | None, limit: int, status_filter: str | None, workflow: str 
         return
     for r, st, d in rows:
         sandbox = r.sandbox + ("" if r.enforced else " (not enforced)")
-        line = (f"{r.run_id}  {st:<11} {_when(r.started_at)}  {_duration(d):>8}  "
+        line = (f"{r.run_id}  {st:<11} {when(r.started_at)}  {duration(d):>8}  "
                 f"{r.workflow}  sandbox: {sandbox}")
         if st is RunStatus.CRASHED:
             line += f"  (resume: stockade resume {r.run_id})"
@@ -182,8 +167,8 @@ def _print_header(view: history.RunView) -> None:
     r = view.record
     sandbox = r.sandbox + (" (enforced)" if r.enforced else " (NOT enforced)")
     click.echo(f"run {r.run_id}  {view.status}  workflow {r.workflow}  sandbox {sandbox}")
-    click.echo(f"started {_when(r.started_at)}  ended {_when(r.ended_at)}  "
-               f"duration {_duration(view.duration)}")
+    click.echo(f"started {when(r.started_at)}  ended {when(r.ended_at)}  "
+               f"duration {duration(view.duration)}")
     if view.status is RunStatus.CRASHED:
         click.echo(f"the engine of this run died; resume it with: stockade resume {r.run_id}")
     elif view.status is RunStatus.INTERRUPTED:
@@ -258,7 +243,7 @@ def _print_item(view: history.RunView, d: history.ItemView) -> None:
         click.echo(f"  decision: {'kept' if rec.result is True else 'dropped'}")
     for a in d.attempts:
         worker = (a.provenance or {}).get("worker") or {}
-        click.echo(f"  attempt {a.attempt}: {a.outcome}  started {_when(a.started_at)}  "
+        click.echo(f"  attempt {a.attempt}: {a.outcome}  started {when(a.started_at)}  "
                    f"{a.ended_at - a.started_at:.2f}s  exit {a.exit_code}"
                    + (f"  on worker {worker.get('name')}" if worker else "")
                    + (f"  {a.message}" if a.message else ""))

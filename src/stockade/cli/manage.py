@@ -11,7 +11,8 @@ import time
 
 import click
 
-from stockade.cli.browse import _store, _when
+from stockade._show import when
+from stockade.cli.browse import _store
 from stockade.cli.main import _root, friendly, root_option
 from stockade.errors import UserError
 from stockade.runner.runs import (
@@ -48,7 +49,7 @@ def gc(keep: int | None, older_than: str | None, dry_run: bool, root: str | None
         verb = "would delete" if dry_run else "deleted"
         if not dry_run:
             remove_run(store, r)
-        click.echo(f"{verb} {r.run_id}  {state(r)}  {_when(r.started_at)}  {r.workflow}")
+        click.echo(f"{verb} {r.run_id}  {state(r)}  {when(r.started_at)}  {r.workflow}")
     if not chosen:
         click.echo("nothing to delete")
 

@@ -33,13 +33,14 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from stockade._show import when
 from stockade.errors import UserError
 from stockade.runner.history import read_manifest
 from stockade.runner.runs import resolve_run, state
 from stockade.runner.status import RunStatus
 from stockade.store.base import RunRecord, Store
 from stockade.web import actions, detail, items, live, model
-from stockade.web.format import dur, environment, pretty, script_json, when
+from stockade.web.format import dur, environment, pretty, script_json
 from stockade.workspace.beneath import Refused, Walker, sha256_fd
 
 #: Seconds between two looks at the store for one event stream.

@@ -1,34 +1,23 @@
 """How the web UI's templates show times, durations, sizes, token counts and JSON.
 
-Pure: values in, text out. Must not import the rest of stockade.
+Pure: values in, text out. Times and durations are written as the CLI
+writes them (``stockade._show``). Must not import the runner, the store or
+the CLI.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 from urllib.parse import quote
 
 import jinja2
 
-
-def when(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+from stockade._show import duration, when
 
 
 def dur(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 10:
-        return f"{seconds:.2f}s"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    m, s = divmod(int(seconds), 60)
-    if m < 60:
-        return f"{m}m{s:02d}s"
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m"
+    return duration(seconds, fine=True)
 
 
 def size(n: int | None) -> str:

@@ -1,0 +1,29 @@
+"""How times and durations are written for people, the same in the CLI and the web UI.
+
+Pure: values in, text out. Standard library only.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def when(ts: float | None) -> str:
+    """A moment in local time, to the second; ``-`` when there is none."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def duration(seconds: float | None, *, fine: bool = False) -> str:
+    """``4.2s``, ``3m07s``, ``2h05m``; ``-`` when unknown. ``fine`` shows
+    hundredths below ten seconds (an item's attempt, where they tell apart)."""
+    if seconds is None:
+        return "-"
+    if fine and seconds < 10:
+        return f"{seconds:.2f}s"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    m, s = divmod(int(seconds), 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m"
