@@ -419,6 +419,9 @@ def test_sigkill_then_resume_keeps_verified_items(project: Project) -> None:
     assert json.loads(total) == ["0", "1", "2", "3", "4", "5"]
     for i in range(6):
         assert (project.item("k1", "work", i) / "work/out/r.txt").read_text() == f"result {i}\n"
+    # The run's duration spans the crash; show says it was resumed.
+    assert project.run("show", "k1", "--json").json()["run"]["resumes"] == 1
+    assert "(first start to last end; resumed once)" in project.run("show", "k1").out
 
 
 def test_resume_refuses_a_changed_workflow(project: Project) -> None:

@@ -167,8 +167,12 @@ def _print_header(view: history.RunView) -> None:
     r = view.record
     sandbox = r.sandbox + (" (enforced)" if r.enforced else " (NOT enforced)")
     click.echo(f"run {r.run_id}  {view.status}  workflow {r.workflow}  sandbox {sandbox}")
+    resumed = ""
+    if view.resumes:
+        times = "once" if view.resumes == 1 else f"{view.resumes} times"
+        resumed = f" (first start to last end; resumed {times})"
     click.echo(f"started {when(r.started_at)}  ended {when(r.ended_at)}  "
-               f"duration {duration(view.duration)}")
+               f"duration {duration(view.duration)}{resumed}")
     if view.status is RunStatus.CRASHED:
         click.echo(f"the engine of this run died; resume it with: stockade resume {r.run_id}")
     elif view.status is RunStatus.INTERRUPTED:

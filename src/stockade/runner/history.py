@@ -41,6 +41,10 @@ class RunView:
     #: Per step, the count of each status when ``by_step`` holds only the
     #: first items of each step (``run_summary``); None: ``by_step`` is whole.
     tallies: dict[str, dict[str, int]] | None = None
+    #: How many times ``stockade resume`` continued the run. Its ``duration``
+    #: runs from the first start to the last end, so it takes in the time
+    #: between a crash or an interrupt and each resume.
+    resumes: int = 0
 
     @property
     def duration(self) -> float | None:
@@ -81,7 +85,8 @@ class RunView:
     def to_json(self) -> dict[str, Any]:
         return {
             "run": {**self.record.__dict__, "status": str(self.status),
-                    "stored_status": self.record.status, "duration": self.duration},
+                    "stored_status": self.record.status, "duration": self.duration,
+                    "resumes": self.resumes},
             "vars": self.vars,
             "usage": self.usage,
             "steps": [self.step_json(s) for s in self.step_ids],
@@ -154,11 +159,16 @@ def _view(store: Store, record: RunRecord, manifest: dict[str, Any],
     step_ids, kinds, needs = _declared(manifest)
     step_ids += sorted(s for s in by_step if s not in step_ids)
     retries: dict[str, int] = {}
-    for ev in store.events_of([record.run_id], ["retry_scheduled"]):
+    resumes = 0
+    for ev in store.events_of([record.run_id], ["retry_scheduled", "run_resumed"]):
+        if ev.kind == "run_resumed":
+            resumes += 1
+            continue
         step = str(ev.data.get("step", ""))
         retries[step] = retries.get(step, 0) + 1
     return RunView(record, state(record), step_ids, kinds, needs,
-                   dict(manifest.get("vars") or {}), by_step, retries, usage, manifest)
+                   dict(manifest.get("vars") or {}), by_step, retries, usage, manifest,
+                   resumes=resumes)
 
 
 @dataclass
