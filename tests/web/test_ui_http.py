@@ -119,6 +119,7 @@ def test_every_page_and_route_answers(project: Project, finished: str, start_ui:
         assert r.status_code == 200, path
         assert marker in r.text, path
         assert "default-src 'self'" in r.headers["content-security-policy"]
+    assert 'id="run-resumes"' not in ui.get("/runs/webrun1").text  # never resumed
     # A prefix of the run id leads to the run's own URL.
     r = ui.get("/runs/webr", follow_redirects=False)
     assert r.status_code == 307 and r.headers["location"] == "/runs/webrun1"
@@ -219,6 +220,8 @@ def test_actions_need_the_servers_token(project: Project, start_ui: object) -> N
         assert r.status_code == 202, r.text
         wait_for(lambda: ui.get("/api/runs/act1").json()["run"]["status"] == "succeeded",
                  "the resumed run to succeed", timeout=120)
+        assert '<dd id="run-resumes"' in ui.get("/runs/act1").text
+        assert ">once</dd>" in ui.get("/runs/act1").text
         r = httpx.post(ui.url + "/actions/resume/act1", headers={"X-Stockade-Token": token},
                        timeout=30)
         assert r.status_code == 409 and "nothing to resume" in r.json()["error"]

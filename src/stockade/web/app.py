@@ -133,6 +133,7 @@ class UI:
         return self.page(
             "run.html", title=record.run_id, page="run", record=record, status=str(st),
             run=run, steps=[s.to_json() for s in steps], usage=fold.usage, failures=fails,
+            resumes=fold.resumes,
             vars_json=json.dumps(manifest.get("vars") or {}, indent=2, ensure_ascii=False),
             sandbox=manifest.get("sandbox") or {"backend": record.sandbox,
                                                 "enforced": record.enforced},

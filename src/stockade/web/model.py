@@ -66,10 +66,14 @@ class Fold:
     retry_next: dict[str, dict[int, int]] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=dict)
     usage_by_step: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: How many times the run was resumed (its duration spans the gaps).
+    resumes: int = 0
 
     def apply(self, kind: str, data: dict[str, Any]) -> None:
         step = str(data.get("step", ""))
-        if kind == "step_started":
+        if kind == "run_resumed":
+            self.resumes += 1
+        elif kind == "step_started":
             self.totals[step] = int(data.get("items") or 0)
             self.status[step] = "running"
         elif kind == "step_finished":
