@@ -510,11 +510,18 @@ def test_isolate_false_is_recorded_as_an_opt_out(project: Project) -> None:
 
 
 def test_repeated_item_keys_stop_the_step_before_any_item_runs(project: Project) -> None:
+    # The items come from a step's output, so the keys are known only when
+    # the step is expanded (a literal list is refused before the run:
+    # tests/integration/test_user_errors.py).
     wf = project.write("wf.yaml", """
         name: dup
         steps:
+          - id: gather
+            run: echo '["a", "b", "c", "b"]' > out/l.json
+            outputs: [l.json]
           - id: fan
-            for_each: [a, b, c, b]
+            needs: [gather]
+            for_each: "{{ steps.gather.outputs['l.json'] | from_json }}"
             key: "{{ item | upper }}"
             run: echo {{ item }} > out/x.txt
             outputs: [x.txt]

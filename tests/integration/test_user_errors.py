@@ -149,3 +149,48 @@ def test_agent_step_without_credentials_says_what_to_set(project: Project) -> No
     assert f"{wf}:6:14: openai/gpt-4.1-mini needs OPENAI_API_KEY in the engine's environment" \
         in r.err
     assert not (project.root / "runs").exists() or not any((project.root / "runs").iterdir())
+
+
+@pytest.mark.parametrize(("items", "key", "needle"), [
+    ("[a, b, c, b]", "{{ item | upper }}", "keys must be unique within the step; repeated: B"),
+    ("[{s: x}, {s: y}, {s: x}]", "{{ item.s }}", "keys must be unique within the step; repeated: x"),
+    ("[a, b]", "{{ item }}/x", "cannot name an item"),
+])
+def test_literal_items_with_bad_keys_are_refused_before_the_run(
+        project: Project, items: str, key: str, needle: str) -> None:
+    wf = project.write("wf.yaml", f"""
+        name: keys
+        steps:
+          - id: first
+            run: echo first
+          - id: fan
+            needs: [first]
+            for_each: {items}
+            key: "{key}"
+            run: echo hi
+    """)
+    for cmd in (("validate", str(wf)), ("run", str(wf))):
+        r = project.run(*cmd)
+        assert r.code == 2, (cmd, r.err)
+        assert "Traceback" not in r.err
+        assert re.search(rf"wf\.yaml:9:\d+: .*{re.escape(needle)}", r.err), r.err
+    assert not (project.root / "runs").exists() or not any((project.root / "runs").iterdir())
+
+
+@pytest.mark.parametrize("key", [
+    "{{ item }}",                         # fine
+    "{{ item ~ vars.suffix }}",           # reads vars: left to the run
+    "{{ item.s }}",                       # does not render on a string: left to the run
+])
+def test_literal_item_keys_not_known_to_be_bad_are_left_to_the_run(project: Project,
+                                                                   key: str) -> None:
+    wf = project.write("wf.yaml", f"""
+        name: keys
+        vars: {{suffix: "-x"}}
+        steps:
+          - id: fan
+            for_each: [a, b]
+            key: "{key}"
+            run: echo hi
+    """)
+    assert project.run("validate", str(wf)).code == 0

@@ -5,7 +5,9 @@ problem is a ``FILE:LINE:COL`` ``Problem`` and they are reported together,
 with exit 2, before any run folder exists. What it checks beyond the pure
 spec checks: the host paths ``file()``/``tree()`` name (they must exist and
 be a file or a folder), the ``mounts:`` and ``image:`` paths (they must
-exist) and, for a run only, the declared secrets and what
+exist), the item keys of a step whose ``for_each`` is a literal list and
+whose ``key:`` reads only ``item`` (each must name an item, none twice)
+and, for a run only, the declared secrets and what
 each agent step's provider and ``endpoint:`` need from the engine's
 environment (a key or base URL; Azure's resource URL and key; the variable
 ``endpoint.api_key_env`` names).
@@ -21,7 +23,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from stockade.errors import Problem, UserError
+from stockade.expr import ExprError, RenderError, compile_template, render
+from stockade.runner.keys import check_key, key_problem
 from stockade.spec import Spec
+from stockade.spec.model import Step
 
 
 def preflight(spec: Spec, base: Path, env: Mapping[str, str] | None) -> list[Problem]:
@@ -50,6 +55,8 @@ def preflight(spec: Spec, base: Path, env: Mapping[str, str] | None) -> list[Pro
                 add(("steps", i, "mounts", j), f"mounts: {mount}: {why}")
         if step.image is not None and (why := _toolchain_problem(base, step.image)) is not None:
             add(("steps", i, "image"), f"image: {step.image}: {why}")
+        if (why := _literal_keys_problem(step)) is not None:
+            add(("steps", i, "key"), why)
     if env is None:
         return _sorted(problems)
     for j, name in enumerate(spec.workflow.secrets):
@@ -78,6 +85,34 @@ def check(spec: Spec, base: Path, env: Mapping[str, str] | None) -> None:
     problems = preflight(spec, base, env)
     if problems:
         raise UserError(problems=problems)
+
+
+def _literal_keys_problem(step: Step) -> str | None:
+    """Why the keys of a literal ``for_each`` list cannot name its items, or None.
+
+    Only where they are known now: a list written in the workflow and a
+    ``key:`` that reads nothing but ``item``. A key that does not render
+    here is left to the run, which reports it where it always does."""
+    if step.key is None or not isinstance(step.for_each, list):
+        return None
+    try:
+        template = compile_template(step.key)
+    except ExprError:
+        return None  # the spec's own checks report it
+    if (not template.uses_item or template.steps_used or template.vars_used
+            or template.uses_run or template.files or template.trees):
+        return None
+    keys = []
+    for value in step.for_each:
+        try:
+            rendered = render(template, {"item": value})
+        except (ExprError, RenderError, UserError):
+            return None
+        try:
+            keys.append(check_key(rendered))
+        except UserError as exc:
+            return str(exc)
+    return key_problem(keys, lambda k: k)
 
 
 def _host_path_problem(base: Path, rel: str, *, want_dir: bool) -> str | None:
