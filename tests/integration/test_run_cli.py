@@ -538,3 +538,33 @@ def test_repeated_item_keys_stop_the_step_before_any_item_runs(project: Project)
     # No item was made, so none ran.
     fan = project.root / "runs" / "k1" / "fan"
     assert not fan.exists() or not any(fan.iterdir())
+
+
+def test_a_fan_out_over_an_empty_list_succeeds_and_says_it_had_no_items(project: Project) -> None:
+    wf = project.write("wf.yaml", """
+        name: empty
+        steps:
+          - id: gather
+            run: echo '[]' > out/l.json
+            outputs: [l.json]
+          - id: fan
+            needs: [gather]
+            for_each: "{{ steps.gather.outputs['l.json'] | from_json }}"
+            run: echo never
+          - id: after
+            needs: [fan]
+            inputs:
+              all.json: "{{ steps.fan.result }}"
+            run: cat all.json
+          - id: later
+            needs: [nothing_yet]
+            run: exit 0
+          - id: nothing_yet
+            run: exit 3
+    """)
+    r = project.run("run", str(wf), "--run-id", "e1")
+    assert r.code == 1, r.err  # nothing_yet fails, so later never starts
+    assert (project.item("e1", "after") / "meta/1.out").read_text() == "[]"
+    shown = project.run("show", "e1").out
+    assert "fan (run): no items (its for_each gave an empty list)" in shown
+    assert "later (run): 1 skipped" in shown

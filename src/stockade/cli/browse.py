@@ -208,7 +208,10 @@ def _print_step(view: history.RunView, sid: str, *, show_all: bool) -> None:
     items = view.items(sid)
     total = view.total(sid)
     counts = view.counts(sid)
-    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "not started"
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    if not summary:
+        summary = "no items (its for_each gave an empty list)" if view.started.get(sid) == 0 \
+            else "not started"
     kind = view.kinds.get(sid, "")
     retried = view.retries.get(sid, 0)
     extra = f", {retried} {'retry' if retried == 1 else 'retries'}" if retried else ""

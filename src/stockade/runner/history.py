@@ -45,6 +45,8 @@ class RunView:
     #: runs from the first start to the last end, so it takes in the time
     #: between a crash or an interrupt and each resume.
     resumes: int = 0
+    #: The items each step that started had (a ``for_each`` of an empty list: 0).
+    started: dict[str, int] = field(default_factory=dict)
 
     @property
     def duration(self) -> float | None:
@@ -159,16 +161,20 @@ def _view(store: Store, record: RunRecord, manifest: dict[str, Any],
     step_ids, kinds, needs = _declared(manifest)
     step_ids += sorted(s for s in by_step if s not in step_ids)
     retries: dict[str, int] = {}
+    started: dict[str, int] = {}
     resumes = 0
-    for ev in store.events_of([record.run_id], ["retry_scheduled", "run_resumed"]):
+    for ev in store.events_of([record.run_id],
+                              ["retry_scheduled", "run_resumed", "step_started"]):
+        step = str(ev.data.get("step", ""))
         if ev.kind == "run_resumed":
             resumes += 1
-            continue
-        step = str(ev.data.get("step", ""))
-        retries[step] = retries.get(step, 0) + 1
+        elif ev.kind == "step_started":
+            started[step] = int(ev.data.get("items") or 0)
+        else:
+            retries[step] = retries.get(step, 0) + 1
     return RunView(record, state(record), step_ids, kinds, needs,
                    dict(manifest.get("vars") or {}), by_step, retries, usage, manifest,
-                   resumes=resumes)
+                   resumes=resumes, started=started)
 
 
 @dataclass
