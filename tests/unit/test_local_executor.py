@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from queue import SimpleQueue
 
 from stockade.runner.attempt import Outcome
 from stockade.runner.executor import LocalExecutor
@@ -91,11 +92,28 @@ def test_a_bug_in_a_kind_is_an_errored_outcome() -> None:
     assert out.started_at == out.ended_at == 123.0
 
 
-def test_wake_returns_an_empty_batch_at_once() -> None:
+def test_wake_ends_a_wait_for_outcomes_at_once() -> None:
     ex = LocalExecutor(1, run=ok)  # type: ignore[arg-type]
+    got: list[object] = []
+    # A wait of an hour that only the wake can end within the join below.
+    waiter = threading.Thread(target=lambda: got.append(ex.completed(3600)), daemon=True)
     try:
+        waiter.start()
         ex.wake()
-        assert ex.completed(600) == []
+        waiter.join(60)
+        assert not waiter.is_alive(), "wake did not end the wait"
+        assert got == [[]]
+    finally:
+        ex.close()
+
+
+def test_outcomes_go_to_the_queue_given() -> None:
+    done: SimpleQueue[object] = SimpleQueue()
+    ex = LocalExecutor(1, run=ok, done=done)  # type: ignore[arg-type]
+    try:
+        ex.submit(FakeAttempt("q"))  # type: ignore[arg-type]
+        attempt, outcome = done.get(timeout=30)  # type: ignore[misc]
+        assert attempt == FakeAttempt("q") and outcome.result == "q"
     finally:
         ex.close()
 

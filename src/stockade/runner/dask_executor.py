@@ -27,17 +27,16 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from queue import Empty, SimpleQueue
 from typing import Any
 
 from stockade.runner.attempt import Attempt, Outcome
 from stockade.runner.dask_cluster import Cluster
-from stockade.runner.executor import Done, _run, drain, internal_error
+from stockade.runner.executor import Done, LocalExecutor, drain
 from stockade.runner.jobs import JobResult, WorkerInfo
 from stockade.runner.remote import Pending, RemoteSettings, build, complete
 from stockade.runner.status import AttemptStatus
-from stockade.sandbox import launch_here
 
 #: Engine threads that turn attempts into jobs and results into outcomes.
 ENGINE_THREADS = 4
@@ -80,8 +79,8 @@ class DaskExecutor:
         self.slots = max(1, slots or default_slots(self._threads_n))
         self._done: SimpleQueue[Done | None] = SimpleQueue()
         self._pool = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="remote")
-        self._local = ThreadPoolExecutor(max(1, min(self.slots, 8)), thread_name_prefix="item",
-                                         initializer=launch_here)
+        # publish: attempts run here, as the local executor runs them.
+        self._local = LocalExecutor(min(self.slots, 8), done=self._done)
         self._lock = threading.Lock()
         #: Attempt key -> (its pending job, the future of the task it is in).
         self._running: dict[str, tuple[Pending, Any]] = {}
@@ -109,8 +108,7 @@ class DaskExecutor:
 
     def submit(self, attempt: Attempt) -> None:
         if attempt.step.kind not in ("run", "agent"):
-            fut = self._local.submit(_run, attempt)
-            fut.add_done_callback(lambda f: self._done.put((attempt, _local_result(attempt, f))))
+            self._local.submit(attempt)
             return
         self._pool.submit(self._launch, attempt)
 
@@ -138,7 +136,7 @@ class DaskExecutor:
         self._threads[0].join(30)
         self._threads[1].join(30)
         self._pool.shutdown(wait=True)
-        self._local.shutdown(wait=True, cancel_futures=True)
+        self._local.close()
         with contextlib.suppress(Exception):
             self.client.unsubscribe_topic("all")
         with contextlib.suppress(Exception):
@@ -406,17 +404,6 @@ class DaskExecutor:
 #: compete with the jails for the CPUs.
 BATCH_WAIT = 0.01
 BATCH_SIZE = 32
-
-
-def _local_result(attempt: Attempt, fut: Future[Outcome]) -> Outcome:
-    """The outcome of an attempt run here (``publish:``); a bug in a kind becomes
-    an errored outcome, not a lost item."""
-    if fut.cancelled():
-        now = attempt.clock()
-        return Outcome(AttemptStatus.INTERRUPTED, attempt.number, started_at=now, ended_at=now,
-                       message="interrupted before it started", retryable=False)
-    exc = fut.exception()
-    return fut.result() if exc is None else internal_error(attempt, exc)
 
 
 def _gather_more(q: SimpleQueue[Any]) -> list[Any]:

@@ -67,32 +67,34 @@ def drain(done: SimpleQueue[Done | None], timeout: float) -> list[Done] | None:
 class LocalExecutor:
     """Attempts on up to ``slots`` worker threads of this process, each in its own jail.
 
-    A thread is started when an attempt comes and none is idle, so a run
-    with ``--jobs 64`` and two items at a time keeps about two. Each thread
-    takes attempts from one queue and puts ``(attempt, outcome)`` on another:
-    no future, condition or semaphore per attempt (``concurrent.futures``
-    made a dozen lock operations of each, and its import, with ``logging``,
-    cost the first item 4 ms). ``run`` is what runs an attempt (injected by
-    tests).
+    There are as many threads as attempts have been in flight at once (at
+    most ``slots``), so a run with ``--jobs 64`` and two items at a time
+    keeps two. Each thread takes attempts from one queue and puts
+    ``(attempt, outcome)`` on another: no future, condition or semaphore per
+    attempt (``concurrent.futures`` took about a dozen lock operations for
+    each, and its import, with ``logging``, about 4 ms of the run path's).
+    ``run`` is what runs an attempt (injected by tests); ``done`` is the
+    queue outcomes go to (the Dask executor shares its own).
     """
 
-    def __init__(self, slots: int, run: Callable[[Attempt], Outcome] | None = None) -> None:
+    def __init__(self, slots: int, run: Callable[[Attempt], Outcome] | None = None,
+                 done: SimpleQueue[Done | None] | None = None) -> None:
         self.slots = max(1, slots)
         self._run = run or _run
         self._todo: SimpleQueue[Attempt | None] = SimpleQueue()
-        self._done: SimpleQueue[Done | None] = SimpleQueue()
+        self._done: SimpleQueue[Done | None] = SimpleQueue() if done is None else done
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
-        self._idle = 0
+        #: Attempts submitted whose outcome is not out yet.
+        self._in_flight = 0
         self._closed = False
 
     def submit(self, attempt: Attempt) -> None:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the executor is closed")
-            if self._idle:
-                self._idle -= 1
-            elif len(self._threads) < self.slots:
+            self._in_flight += 1
+            if self._in_flight > len(self._threads) and len(self._threads) < self.slots:
                 t = threading.Thread(target=self._work, name=f"item_{len(self._threads)}",
                                      daemon=True)
                 self._threads.append(t)
@@ -106,7 +108,7 @@ class LocalExecutor:
         while (attempt := self._todo.get()) is not None:
             outcome = _guarded(self._run, attempt)
             with self._lock:
-                self._idle += 1
+                self._in_flight -= 1
             self._done.put((attempt, outcome))
 
     def completed(self, timeout: float) -> list[Done]:
@@ -141,10 +143,6 @@ def _guarded(run: Callable[[Attempt], Outcome], attempt: Attempt) -> Outcome:
     try:
         return run(attempt)
     except BaseException as exc:  # whatever it was, the item must still end
-        return internal_error(attempt, exc)
-
-
-def internal_error(attempt: Attempt, exc: BaseException) -> Outcome:
-    now = attempt.clock()
-    return Outcome(AttemptStatus.ERRORED, attempt.number, started_at=now, ended_at=now,
-                   message=f"internal error: {type(exc).__name__}: {exc}", retryable=False)
+        now = attempt.clock()
+        return Outcome(AttemptStatus.ERRORED, attempt.number, started_at=now, ended_at=now,
+                       message=f"internal error: {type(exc).__name__}: {exc}", retryable=False)
