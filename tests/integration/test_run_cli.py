@@ -568,3 +568,31 @@ def test_a_fan_out_over_an_empty_list_succeeds_and_says_it_had_no_items(project:
     shown = project.run("show", "e1").out
     assert "fan (run): no items (its for_each gave an empty list)" in shown
     assert "later (run): 1 skipped" in shown
+
+
+def test_hole_inside_quotes_warns_and_the_warning_is_true(project: Project) -> None:
+    """``"{{ item }}"`` keeps the quote that run: adds; validate and run say so
+    at the hole, and the run still goes ahead (it is not an error)."""
+    project.write("wf.yaml", """
+        name: quoted
+        steps:
+          - id: s
+            for_each: ["a b"]
+            run: |
+              printf '%s\\n' "{{ item }}" > out/quoted.txt
+              printf '%s\\n' {{ item }} > out/bare.txt
+    """)
+    warning = ("wf.yaml:7:22: warning: step 's': {{ item }} is inside \"...\", but run: "
+               "already shell-quotes each value, so a value such as a b would come out as "
+               "'a b'; leave out the quotes")
+    v = project.run("validate", "wf.yaml")
+    assert v.code == 0, v.err
+    assert v.out.startswith("wf.yaml: ok")
+    assert v.err.strip() == warning
+    r = project.run("run", "wf.yaml", "--run-id", "r1", "--json")
+    assert r.code == 0, r.err
+    assert r.json()["status"] == "succeeded"
+    assert [line for line in r.err.splitlines() if "warning:" in line] == [warning]
+    out = project.item("r1", "s") / "work" / "out"
+    assert (out / "quoted.txt").read_text() == "'a b'\n"
+    assert (out / "bare.txt").read_text() == "a b\n"

@@ -232,7 +232,8 @@ def run(file: Path, run_id: str | None, vars_: tuple[str, ...], jobs: int | None
     reporter.start()
     try:
         result = start_run(file, opts, reporter, on_start=_announce(as_json, reporter),
-                           interactive=sys.stdin.isatty())
+                           interactive=sys.stdin.isatty(),
+                           on_warning=lambda line: click.echo(line, err=True))
     finally:
         reporter.stop()
     _finish(result, as_json, t0)
@@ -293,6 +294,8 @@ def validate(file: Path) -> None:
     spec = load_spec(file)
     build_plan(spec)
     preflight.check(spec, file.resolve().parent, None)
+    for warning in spec.warnings:
+        click.echo(str(warning), err=True)
     n = len(spec.workflow.steps)
     click.echo(f"{file}: ok ({n} step{'' if n == 1 else 's'})")
 

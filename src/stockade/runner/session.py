@@ -235,8 +235,13 @@ def start_run(
     new_id: Callable[[], str] = uuid7,
     on_start: Callable[[str, Path, SandboxChoice], None] | None = None,
     interactive: bool = False,
+    on_warning: Callable[[str], None] | None = None,
 ) -> RunResult:
-    """Check everything, then create the run (store record, folder, manifest) and execute it."""
+    """Check everything, then create the run (store record, folder, manifest) and execute it.
+
+    The workflow's warnings (``FILE:LINE:COL: warning: ...``) go to
+    ``on_warning`` before anything is created; by default to the reporter.
+    """
     env = dict(os.environ if env is None else env)
     hooks = Hooks(reporter, on_start, clock, interactive)
     spec = load_spec(workflow_path)
@@ -245,6 +250,8 @@ def start_run(
     run_id = _check_id(opts.run_id, new_id)
     base = workflow_path.resolve().parent
     preflight.check(spec, base, env)
+    for warning in spec.warnings:
+        (on_warning or reporter.echo)(str(warning))
     files, trees = fingerprint_inputs(spec, base)
     require = spec.workflow.sandbox.require or opts.require_sandbox
     remote = _open_remote(opts.executor, opts, require, env)

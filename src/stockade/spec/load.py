@@ -19,6 +19,7 @@ from stockade.expr import Template, compile_template
 from stockade.spec.checks import Checker
 from stockade.spec.messages import DataPath, describe, translate
 from stockade.spec.model import Workflow
+from stockade.spec.shellholes import quoting_warnings
 from stockade.spec.yamlload import load_yaml
 
 Pos = tuple[int, int]
@@ -38,6 +39,8 @@ class Spec:
     _key_positions: Mapping[DataPath, Pos] = field(default_factory=dict, repr=False, compare=False)
     #: Templates compiled while checking, so big files never recompile after the LRU evicts.
     _templates: Mapping[DataPath, Template] = field(default_factory=dict, repr=False, compare=False)
+    #: Not errors: the workflow runs, but likely not as meant (``FILE:LINE:COL: warning: ...``).
+    warnings: tuple[Problem, ...] = field(default=(), compare=False)
 
     def position(self, *path: str | int) -> tuple[int, int]:
         """(line, col), 1-based, of the node at ``path``; its nearest known parent if absent."""
@@ -118,6 +121,8 @@ def load_workflow(data: bytes, filename: str) -> Spec:
         _positions=loaded.positions,
         _key_positions=loaded.key_positions,
         _templates=dict(checker.templates),
+        warnings=tuple(quoting_warnings(raw.get("steps"), data.decode("utf-8", "replace"),
+                                        filename, position)),
     )
 
 
