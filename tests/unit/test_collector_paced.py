@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from stockade.cli.main import cli
 from stockade.runner import engine
-from stockade.runner.engine import GC_THRESHOLD, collector_paced
+from stockade.runner.gcpace import GC_THRESHOLD, collector_paced
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ Must not import the CLI.
 
 from __future__ import annotations
 
-import gc
 import random
 import threading
 import time
@@ -41,6 +40,7 @@ from stockade.runner.attempt import (
     error_message,
 )
 from stockade.runner.executor import Executor
+from stockade.runner.gcpace import collector_paced
 from stockade.runner.keys import check_key, item_keys, key_problem
 from stockade.runner.kinds import inline_kind, is_inline, makes_attempt_folders
 from stockade.runner.kinds.process import (
@@ -81,29 +81,6 @@ from stockade.spec import Spec
 from stockade.spec.model import Step
 from stockade.store.base import ItemRecord, add_usage, sum_usage, tally_json
 from stockade.workspace.layout import ItemDir, RunDir
-
-#: The cyclic collector's first threshold while a run executes (Python's is
-#: 700 more tracked objects made than freed). Every item keeps its result, so
-#: the count only grows: in a keep: over 100,000 numbers the collector ran
-#: 1,126 times at 700 (8 of them full, over everything the run holds), 1.3 s
-#: of the step, and 46 times at 10,000, 0.34-0.39 s. That keep: went at a
-#: median 13,000 items/s at 700 and 16,700/s at 10,000 (5 alternating runs
-#: each; peak RSS 125 MB either way: the collector only finds cycles, and
-#: everything else is freed by reference counting).
-GC_THRESHOLD = 10_000
-
-
-@contextmanager
-def collector_paced(threshold: int = GC_THRESHOLD) -> Iterator[None]:
-    """Raise the collector's first threshold to ``threshold`` (never lower it)
-    for the block; the previous thresholds come back after it."""
-    before = gc.get_threshold()
-    gc.set_threshold(max(before[0], threshold), *before[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
-
 
 #: The folders of attempts made only to key items (``_find_reusable``).
 _NO_DIRS = ItemDir(Path("/nonexistent"))
