@@ -19,7 +19,6 @@ from typing import Any
 
 from stockade.errors import StaleOutput, TamperedArtifact, UserError
 from stockade.expr import RenderError
-from stockade.runner.captures import Captures
 from stockade.runner.env import Masker
 from stockade.runner.status import AttemptStatus
 from stockade.runner.toolchains import Toolchain
@@ -121,8 +120,6 @@ class RunContext:
     masker: Masker
     #: Keys the HMAC of secret values in reuse keys (the root's ``reuse.key``).
     reuse_secret: bytes
-    #: Moves jails' piped output into ``meta/`` (one thread for the run).
-    captures: Captures
     #: ``locate(step_id, path)`` -> "FILE:LINE:COL" of a field of a step.
     locate: Callable[[str, tuple[str | int, ...]], str] = lambda step, path: step
     #: Each ``run:`` step's mounts and image on this machine (``runner.toolchains``).

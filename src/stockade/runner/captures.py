@@ -1,11 +1,16 @@
-"""One thread that moves jail output from pipes into ``meta/``, masked, created lazily.
+"""A jail's output, moved from its pipes into ``meta/`` by the thread that waits for it.
 
-A jail's stderr (and its stdout when secrets must be masked) goes to a pipe;
-the hub reads every registered pipe with one ``selectors`` loop and writes to
-the capture file, creating it on the first byte: an attempt that writes no
-stderr leaves no file (one inode less per item on disks where inodes are
+A jail's stdout and stderr go to pipes. The item's own thread reads them
+while it waits for the jail (``JailOutput.wait``) and writes each to its
+capture file, creating the file on the first byte: an attempt that writes
+no stderr leaves no file (one inode less per item on disks where inodes are
 the cost). Secret values are masked across chunk boundaries. Memory stays
 bounded: a full pipe makes the jail wait, never the engine buffer.
+
+Why not one thread for every jail's pipes (as before): each of its reads
+was a hand-off of the interpreter lock between it and the item threads,
+about 0.17 ms of its own CPU per item and more in the item threads' waits
+(bench/RESULTS.md). The pipes are read where the wait already is.
 
 ``read_capture`` reads one back (the engine's result, a worker's result).
 
@@ -15,15 +20,24 @@ Must not import the engine, the executors or the CLI.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
-import selectors
-import threading
+import select
+import time
 from pathlib import Path
 
 from stockade.runner.env import Masker
+from stockade.sandbox.base import Running
 from stockade.workspace.beneath import write_all
 
 CHUNK = 65536
+#: How long the first look at the pipes lasts before asking whether the
+#: jail's main process ended; each next look lasts twice as long, up to
+#: ``LAST_SLICE``. Only a jail whose main process ended while something it
+#: started still holds its output open waits out a slice: in every other
+#: case the pipes' end, or the jail's, ends the wait at once.
+FIRST_SLICE = 0.05
+LAST_SLICE = 1.0
 
 
 def read_capture(path: str | os.PathLike[str], limit: int) -> bytes:
@@ -59,7 +73,7 @@ def read_capture(path: str | os.PathLike[str], limit: int) -> bytes:
 
 
 class Capture:
-    """One pipe's destination; ``wait`` returns once the pipe reached EOF and is written."""
+    """One pipe's destination file, made on its first byte, secrets masked."""
 
     def __init__(self, path: Path, masker: Masker | None) -> None:
         self.path = path
@@ -69,7 +83,6 @@ class Capture:
             self.keep = max(len(v.encode()) for v in self.masker.values) - 1
         self._pending = b""
         self._fd: int | None = None
-        self._done = threading.Event()
 
     def _write(self, data: bytes) -> None:
         if not data:
@@ -99,82 +112,78 @@ class Capture:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
-            self._done.set()
-
-    def wait(self, timeout: float) -> bool:
-        return self._done.wait(timeout)
 
 
-class Captures:
-    """The hub. ``open(path, masker)`` gives the write end for a jail and a ``Capture``."""
+class JailOutput:
+    """One jail's output pipes and their captures, for the thread that waits for it.
+
+    ``open`` gives the write end to hand the jail (the caller closes its
+    copy once the jail started); ``wait`` waits for the jail while reading;
+    ``drain`` reads what is left; ``close`` ends it all (always call it).
+    """
 
     def __init__(self) -> None:
-        self._sel = selectors.DefaultSelector()
-        self._lock = threading.Lock()
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
-        self._closed = False
-        self._thread: threading.Thread | None = None
+        self._poller = select.poll()
+        self._open: dict[int, Capture] = {}
 
-    def open(self, path: Path, masker: Masker | None = None) -> tuple[int, Capture]:
-        """A pipe whose write end the caller hands to the jail (and then closes)."""
+    def open(self, path: Path, masker: Masker | None = None) -> int:
         r, w = os.pipe2(os.O_CLOEXEC)
-        os.set_blocking(r, False)
-        cap = Capture(path, masker)
-        with self._lock:
-            if self._closed:
-                os.close(r)
-                os.close(w)
-                raise RuntimeError("captures are closed")
-            # Registered from this thread: a select() under way sees the new
-            # pipe (epoll and kqueue allow it), so the hub wakes once per
-            # capture, at its data or EOF, not also to be told of it.
-            self._sel.register(r, selectors.EVENT_READ, cap)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="captures", daemon=True)
-                self._thread.start()
-        return w, cap
+        self._open[r] = Capture(path, masker)
+        self._poller.register(r, select.POLLIN)
+        return w
 
-    def _loop(self) -> None:
-        buf = bytearray(CHUNK)
+    def wait(self, jail: Running, timeout: float | None) -> int | None:
+        """``jail.wait(timeout)``, reading the pipes meanwhile: the exit
+        status, or None when ``timeout`` seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        slice_ = FIRST_SLICE
         while True:
-            with self._lock:
-                if self._closed and len(self._sel.get_map()) == 1:
-                    return
-            for key, _ in self._sel.select(timeout=1.0):
-                if key.data is None:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 4096)
-                    continue
-                cap = key.data
-                fd = int(key.fd)
-                try:
-                    n = os.readv(fd, [buf])
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    n = 0
-                if n:
-                    # A full disk drops output rather than stalling the jail.
-                    with contextlib.suppress(OSError):
-                        cap.feed(bytes(buf[:n]))
-                    continue
-                with self._lock:
-                    self._sel.unregister(fd)
-                os.close(fd)
-                with contextlib.suppress(OSError):
-                    cap.close()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return jail.wait(0)
+            if self.drain(slice_ if left is None else min(slice_, left)):
+                # Every pipe ended: whatever the jail still runs wrote its last.
+                return jail.wait(None if deadline is None else
+                                 max(0.0, deadline - time.monotonic()))
+            status = jail.wait(0)
+            if status is not None:
+                return status  # its wait ended the rest; ``drain`` reads what they left
+            slice_ = min(slice_ * 2, LAST_SLICE)
+
+    def drain(self, timeout: float) -> bool:
+        """Read until every pipe ended (True) or ``timeout`` seconds passed (False)."""
+        deadline = time.monotonic() + timeout
+        while self._open:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            for fd, _ in self._poller.poll(math.ceil(left * 1000)):
+                self._read(fd)
+        return True
+
+    def _read(self, fd: int) -> None:
+        cap = self._open[fd]
+        try:
+            # poll() said readable, and this thread is the pipe's only
+            # reader: the read returns data or the end without blocking.
+            chunk = os.read(fd, CHUNK)
+        except OSError:
+            chunk = b""
+        if chunk:
+            # A full disk drops output rather than stalling the jail.
+            with contextlib.suppress(OSError):
+                cap.feed(chunk)
+            return
+        self._end(fd)
+
+    def _end(self, fd: int) -> None:
+        cap = self._open.pop(fd)
+        self._poller.unregister(fd)
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            cap.close()
 
     def close(self) -> None:
-        """Stop once every open pipe reached EOF (call after every jail ended)."""
-        with self._lock:
-            self._closed = True
-            thread = self._thread
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
-        if thread is not None:
-            thread.join(timeout=30)
-        if thread is None or not thread.is_alive():
-            self._sel.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+        """Stop reading: each capture keeps what came so far."""
+        for fd in list(self._open):
+            self._end(fd)

@@ -23,7 +23,6 @@ from stockade.errors import UserError
 from stockade.plan import Plan, build_plan
 from stockade.runner import preflight, toolchains
 from stockade.runner.attempt import Jails, PublishSettings, RunContext
-from stockade.runner.captures import Captures
 from stockade.runner.cpus import available_cpus
 from stockade.runner.engine import Engine
 from stockade.runner.executor import Executor, LocalExecutor
@@ -473,7 +472,7 @@ def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
             allow_stale=opts.allow_stale, base_dir=base, vars=p.values,
         ),
         masker=masker, locate=locate, reuse_secret=secret_key(run.root),
-        captures=Captures(), toolchains=p.toolchains,
+        toolchains=p.toolchains,
     )
     executor: Executor
     dask: DaskExecutor | None = None
@@ -506,7 +505,6 @@ def _execute(p: Prepared, opts: RunOptions, hooks: Hooks, *, resume: bool,
             summary = engine.execute()
         finally:
             executor.close()
-            context.captures.close()
             p.sandbox.backend.close()
             if p.remote is not None:
                 from stockade.runner.dask_session import record_workers

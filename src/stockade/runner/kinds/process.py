@@ -26,7 +26,7 @@ from typing import Any
 from stockade.errors import InfraError
 from stockade.expr import compile_template, render_value
 from stockade.runner.attempt import ITEM_ERRORS, Attempt, Outcome, error_message, refused
-from stockade.runner.captures import read_capture
+from stockade.runner.captures import JailOutput, read_capture
 from stockade.runner.env import Masker, build_env
 from stockade.runner.records import attach
 from stockade.runner.status import AttemptStatus
@@ -211,9 +211,9 @@ def run_jail(
 
     The step's toolchain and the ``inputs`` shared by a bind join the policy here.
 
-    stdout and stderr go through the capture hub, which masks secrets and
-    creates ``meta/<n>.out`` and ``meta/<n>.err`` only once the attempt
-    writes to them: a silent item makes no inode for either. Returns ``(exit status,
+    stdout and stderr are read by this thread while it waits (``JailOutput``),
+    masked, into ``meta/<n>.out`` and ``meta/<n>.err``, each made only once
+    the attempt writes to it: a silent item makes no inode for either. Returns ``(exit status,
     timed out)``; the status is None when the run was cancelled before the
     jail started.
     """
@@ -234,15 +234,13 @@ def run_jail(
         policy = replace(policy, proxy_socket=proxy.socket_path, proxy_token=proxy.token)
         # The step may print its proxy URL (curl -v shows the Basic form).
         masker = Masker([*masker.values, *credential_headers(proxy.token)])
-    hub, jails = attempt.run.captures, attempt.run.jails
+    jails = attempt.run.jails
     key = (step.id, attempt.item.index)
-    captures = []
+    output = JailOutput()
     try:
-        out_fd, cap = hub.open(attempt.stdout, masker)
-        captures.append(cap)
+        out_fd = output.open(attempt.stdout, masker)
         try:
-            err_fd, cap = hub.open(attempt.stderr, masker)
-            captures.append(cap)
+            err_fd = output.open(attempt.stderr, masker)
             try:
                 jail = jails.launch(key, lambda: backend.start(policy, stdout=out_fd,
                                                                stderr=err_fd))
@@ -254,7 +252,7 @@ def run_jail(
             code, timed_out = None, False
         else:
             try:
-                code = jail.wait(step.timeout)
+                code = output.wait(jail, step.timeout)
                 timed_out = code is None
                 if timed_out:
                     jail.kill(grace=2.0)
@@ -263,10 +261,11 @@ def run_jail(
                     attempt.dirs.jail_gone(backend.scratch_mount_points(policy))
             finally:
                 jails.finished(key)
-        for cap in captures:
-            cap.wait(30)
+            # The jail is gone: the pipes end as soon as the kernel closed its files.
+            output.drain(30)
         return code, timed_out
     finally:
+        output.close()
         if proxy is not None:
             proxy.close()
 
