@@ -2,7 +2,8 @@
 
 Runs ``stockade run`` over N trivial items (``cat`` of one input) and reads
 each engine thread's own CPU time when the run ends: the item threads, the
-engine (main) thread, the capture hub, and any launcher or reaper thread.
+engine (main) thread, the capture hub in code before 7466036, and any
+launcher or reaper thread.
 Printed per item, in ms, for each interpreter given: ``--python`` names
 other interpreters (say an older checkout's ``.venv/bin/python``, compiled)
 to alternate with this one round by round, so both meet the same state of

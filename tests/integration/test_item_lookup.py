@@ -26,6 +26,8 @@ steps:
     for_each: "{{ steps.gather.outputs['items.json'] | from_json }}"
     inputs: {n.txt: "{{ item }}"}
     run: cat n.txt; echo "err {{ item }}" >&2
+  - id: quiet
+    run: echo only on stderr >&2
 """
 
 
@@ -77,6 +79,23 @@ def test_one_item_is_read_alone(reads: list[str | None], args: list[str], expect
     assert reads == [], f"read whole steps {reads} to answer {args}"
 
 
+@pytest.mark.parametrize(("args", "said"), [
+    (["logs", "lk1", "quiet"],
+     "quiet/0 wrote nothing to stdout; its stderr has 1 line: stockade logs lk1 quiet/0 --stderr"),
+    (["logs", "lk1", "quiet", "--attempt", "1"],
+     "quiet/0 wrote nothing to stdout; its stderr has 1 line: stockade logs lk1 quiet/0 --stderr "
+     "--attempt 1"),
+    (["logs", "lk1", "gather"], "gather/0 wrote nothing to stdout"),
+    (["logs", "lk1", "gather", "--stderr"], "gather/0 wrote nothing to stderr"),
+])
+def test_an_empty_log_says_so_on_stderr(reads: list[str | None], args: list[str],
+                                        said: str) -> None:
+    # stdout stays empty (a pipe gets what the item wrote: nothing).
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    assert (r.stdout, r.stderr) == ("", said + "\n")
+
+
 def test_a_number_that_is_no_key_is_a_position(reads: list[str | None]) -> None:
     # No item has the key 3: it names the item at position 3 (key 15).
     code, out = cli_run("show", "lk1", "fan/3", "--json")
@@ -102,7 +121,7 @@ def test_a_steps_listing_reads_that_step_only(reads: list[str | None]) -> None:
     (["logs", "lk1", "fan"],
      "step 'fan' has 15 items; name one as fan/KEY or fan/#N (keys: 30, 10, 40, 15, 50, 90, "
      "20, 60, 55, 35, ...)"),
-    (["why", "lk1", "nope/1"], "run lk1 has no step 'nope' with items (steps: gather, fan)"),
+    (["why", "lk1", "nope/1"], "run lk1 has no step 'nope' with items (steps: gather, fan, quiet)"),
 ])
 def test_what_is_not_there_is_named_with_what_is(reads: list[str | None], args: list[str],
                                                   message: str | None) -> None:

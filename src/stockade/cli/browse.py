@@ -285,8 +285,20 @@ def logs(run_id: str, target: str, attempt: int | None, which: str, root: str | 
     record = resolve_run(store, run_id)
     view = history.run_summary(store, record, 0)
     item = resolve_item(store, record.run_id, target, steps=view.step_ids)
-    data = history.log(store, record, item, which, attempt, kind=view.kinds.get(item.step, ""))
+    kind = view.kinds.get(item.step, "")
+    data = history.log(store, record, item, which, attempt, kind=kind)
     sys.stdout.buffer.write(data)
+    if not data:
+        # An empty answer is easy to take for a broken command: say which
+        # stream has the output, on stderr so that a pipe still gets nothing.
+        other = "stdout" if which == "stderr" else "stderr"
+        lines = len(history.log(store, record, item, other, attempt, kind=kind).splitlines())
+        said = f"{item.step}/{item.label} wrote nothing to {which}"
+        if lines:
+            again = f" --attempt {attempt}" if attempt is not None else ""
+            said += (f"; its {other} has {lines} line{'' if lines == 1 else 's'}: stockade logs "
+                     f"{record.run_id} {item.step}/{item.label} --{other}{again}")
+        click.echo(said, err=True)
 
 
 @click.command()
