@@ -22,6 +22,9 @@ from stockade.spec.shellholes import quoted_holes
         ("echo `echo {{ a }}` \"{{ b }}\"", [("{{ b }}", '"')]),
         ('echo `echo "{{ a }}"`', [("{{ a }}", '"')]),
         ("echo $'{{ item }}'", [("{{ item }}", "'")]),
+        # In $'...' a backslash escapes the quote; in '...' it is a character.
+        ("echo $'it\\'s {{ item }}'", [("{{ item }}", "'")]),
+        ("echo 'a\\' {{ item }}", []),
         ('echo "$(( 1 + 2 ))" {{ a }} "{{ b }}"', [("{{ b }}", '"')]),
         # Escaped quotes are not quotes.
         ('echo \\"{{ item }}\\"', []),

@@ -29,9 +29,9 @@ from typing import Any
 from stockade.errors import Problem
 
 _HOLE = re.compile(r"\{\{.*?\}\}", re.S)
-# Characters that end a word (so a ``#`` after one starts a comment).
+# Characters that end a word: a ``#`` after one starts a comment, and one
+# ends a here-document's delimiter.
 _BREAK = frozenset(" \t\n;&|()<>")
-_DELIM_END = frozenset(" \t\n;&|()<>")
 
 
 @dataclass(frozen=True)
@@ -61,18 +61,11 @@ def quoted_holes(script: str) -> list[QuotedHole]:
                     found.append(QuotedHole(i, m.group(), "'" if kind == "$'" else kind))
                 i = m.end()
                 continue
-        if kind == "'":
+        if kind in ("'", "$'"):
+            # Only $'...' knows backslashes; '...' ends at the next quote.
             if c == "'":
                 stack.pop()
-            i += 1
-            continue
-        if kind == "$'":
-            if c == "\\":
-                i += 2
-                continue
-            if c == "'":
-                stack.pop()
-            i += 1
+            i += 2 if c == "\\" and kind == "$'" else 1
             continue
         if c == "\\":
             i += 2
@@ -153,7 +146,7 @@ def _heredoc_word(script: str, i: int) -> tuple[int, tuple[str, bool] | None]:
             i += 1
             if i < len(script):
                 word.append(script[i])
-        elif c in _DELIM_END:
+        elif c in _BREAK:
             break
         else:
             word.append(c)
