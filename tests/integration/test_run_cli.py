@@ -596,3 +596,32 @@ def test_hole_inside_quotes_warns_and_the_warning_is_true(project: Project) -> N
     out = project.item("r1", "s") / "work" / "out"
     assert (out / "quoted.txt").read_text() == "'a b'\n"
     assert (out / "bare.txt").read_text() == "a b\n"
+
+
+def test_a_resumed_runs_retry_line_names_the_attempt_as_show_does(project: Project) -> None:
+    project.write("wf.yaml", """
+        name: again
+        steps:
+          - id: s
+            retries: 1
+            retry_delay: 0
+            run: echo no >&2; exit 3
+    """)
+    first = project.run("run", "wf.yaml", "--run-id", "a1")
+    assert first.code == 1
+    assert "s/0: attempt 1 failed (exit status 3)" in first.err
+    again = project.run("resume", "a1")
+    assert again.code == 1
+    # Attempts 1 and 2 are the first run's: this one made 3 and 4.
+    assert "s/0: attempt 3 failed (exit status 3)" in again.err, again.err
+    assert "s/0: failed (attempt 4)" in again.err
+    shown = project.run("show", "a1", "s", "--json").json()
+    assert [a["attempt"] for a in shown["attempts"]] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("args", [("--status", "bogus"), ("--limit", "0")])
+def test_runs_refuses_a_filter_that_cannot_match(project: Project, args: tuple[str, str]) -> None:
+    r = project.run("runs", *args)
+    assert r.code == 2
+    assert f"Invalid value for '{args[0]}'" in r.err
+    assert "Traceback" not in r.err

@@ -38,9 +38,10 @@ def _store(root: Path, url: str | None = None) -> Store:
 
 @click.command()
 @root_option
-@click.option("--limit", default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 @click.option("--status", "status_filter", default=None,
-              help="only runs with this status (running, crashed, failed, ...)")
+              type=click.Choice([str(s) for s in RunStatus]),
+              help="only runs with this status")
 @click.option("--workflow", default=None, help="only runs of this workflow")
 @json_option
 @friendly

@@ -472,7 +472,10 @@ class Engine:
         it = sr.items[action.index]
         sr.retries += 1
         message = it.outcome.message if it.outcome else ""
-        self.reporter.item_retrying(action.step, it.key, action.try_ - 1, action.delay, message)
+        # The attempt's own number, as show and logs give it (past attempts
+        # of a resumed run included).
+        self.reporter.item_retrying(action.step, it.key, it.base + action.try_ - 1,
+                                    action.delay, message)
         self.ledger.event("retry_scheduled", {
             "step": action.step, "item": action.index, "key": it.key,
             "attempt": it.base + action.try_, "at": action.at, "delay": round(action.delay, 3),
