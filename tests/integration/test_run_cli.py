@@ -584,7 +584,7 @@ def test_hole_inside_quotes_warns_and_the_warning_is_true(project: Project) -> N
     """)
     warning = ("wf.yaml:7:22: warning: step 's': {{ item }} is inside \"...\", but run: "
                "already shell-quotes each value, so a value such as a b would come out as "
-               "'a b'; leave out the quotes")
+               "'a b'; leave out the quotes around it")
     v = project.run("validate", "wf.yaml")
     assert v.code == 0, v.err
     assert v.out.startswith("wf.yaml: ok")

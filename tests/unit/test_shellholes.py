@@ -66,20 +66,31 @@ def test_warning_at_the_hole_in_a_block() -> None:
         "    run: |\n"
         "      echo start\n"
         "      echo \"{{ item }}\" > out/r.txt\n"
-        "      echo '{{ item }}'\n"
+        "      echo 'at {{ item }}'\n"
         "      echo \"{{ item }}\" > out/r.txt\n"
     )
     assert got == [
         "wf.yaml:7:13: warning: step 'a': {{ item }} is inside \"...\", but run: already "
         "shell-quotes each value, so a value such as a b would come out as 'a b'; leave out "
-        "the quotes",
-        "wf.yaml:8:13: warning: step 'a': {{ item }} is inside '...', but run: already "
+        "the quotes around it",
+        "wf.yaml:8:16: warning: step 'a': {{ item }} is inside '...', but run: already "
         "shell-quotes each value, so a value such as a b would be split into two words; "
-        "leave out the quotes",
+        "end the quotes before it and open them again after it ('...'{{ item }}'...')",
         "wf.yaml:9:13: warning: step 'a': {{ item }} is inside \"...\", but run: already "
         "shell-quotes each value, so a value such as a b would come out as 'a b'; leave out "
-        "the quotes",
+        "the quotes around it",
     ]
+
+
+@pytest.mark.parametrize(("script", "alone"), [
+    ('echo "{{ item }}"', True),
+    ('echo "at {{ item }}"', False),
+    ('echo "{{ item }} at"', False),
+    ('echo "{{ a }}{{ b }}"', False),
+    ("echo '{{ item }}'", True),
+])
+def test_a_hole_alone_in_its_quotes(script: str, alone: bool) -> None:
+    assert [h.alone for h in quoted_holes(script)][:1] == [alone]
 
 
 @pytest.mark.parametrize(

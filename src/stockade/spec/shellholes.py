@@ -41,6 +41,8 @@ class QuotedHole:
     start: int
     text: str
     quote: str
+    #: The hole is all there is between its quotes (``"{{ item }}"``).
+    alone: bool = False
 
 
 def quoted_holes(script: str) -> list[QuotedHole]:
@@ -58,7 +60,9 @@ def quoted_holes(script: str) -> list[QuotedHole]:
             m = _HOLE.match(script, i)
             if m is not None:
                 if kind in ('"', "'", "$'"):
-                    found.append(QuotedHole(i, m.group(), "'" if kind == "$'" else kind))
+                    quote = "'" if kind == "$'" else kind
+                    alone = script[i - 1:i] == quote and script[m.end():m.end() + 1] == quote
+                    found.append(QuotedHole(i, m.group(), quote, alone))
                 i = m.end()
                 continue
         if kind in ("'", "$'"):
@@ -174,8 +178,11 @@ def _advice(hole: QuotedHole) -> str:
     shown = '"..."' if hole.quote == '"' else "'...'"
     effect = ("would come out as 'a b'" if hole.quote == '"'
               else "would be split into two words")
+    q = hole.quote
+    fix = ("leave out the quotes around it" if hole.alone else
+           f"end the quotes before it and open them again after it ({q}...{q}{hole.text}{q}...{q})")
     return (f"{hole.text} is inside {shown}, but run: already shell-quotes each value, "
-            f"so a value such as a b {effect}; leave out the quotes")
+            f"so a value such as a b {effect}; {fix}")
 
 
 def quoting_warnings(
