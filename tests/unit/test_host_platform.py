@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from stockade.runner.session import host_platform
+from stockade.runner.manifest import host_platform
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the Linux form only")

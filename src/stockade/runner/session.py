@@ -11,14 +11,12 @@ so a dead engine's run reads as ``crashed``. Must not import the CLI.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stockade import __version__
 from stockade.errors import UserError
 from stockade.plan import Plan, build_plan
 from stockade.runner import preflight, toolchains
@@ -29,11 +27,11 @@ from stockade.runner.executor import Executor, LocalExecutor
 from stockade.runner.given import (
     apply_overrides,
     fingerprint_inputs,
-    input_fingerprint,
     load_spec,
     secret_masker,
     template_functions,
 )
+from stockade.runner.manifest import build_manifest
 from stockade.runner.prefetch import FolderPrefetch
 from stockade.runner.report import Reporter
 from stockade.runner.reuse import secret_key
@@ -106,12 +104,6 @@ def choose_sandbox(requested: str | None, env: Mapping[str, str]) -> SandboxChoi
                          sandbox.start_line(sel))
 
 
-def _lifetime() -> dict[str, Any]:
-    from stockade import sandbox
-
-    return sandbox.lifetime()
-
-
 def _check_id(run_id: str | None, new_id: Callable[[], str]) -> str:
     if run_id is None:
         return new_id()
@@ -174,56 +166,6 @@ class Hooks:
     interactive: bool = False
 
 
-def _manifest(spec: Spec, plan: Plan, run_id: str, started: float, values: dict[str, Any],
-              files: Mapping[str, HostFile], trees: Mapping[str, HostTree],
-              choice: SandboxChoice, opts: RunOptions, workflow_path: Path) -> dict[str, Any]:
-    return {
-        "run_id": run_id,
-        "started_at": started,
-        "workflow": {"name": spec.workflow.name, "path": str(workflow_path.resolve()),
-                     "sha256": spec.sha256},
-        "vars": values,
-        "steps": [{"id": sid, "kind": spec.workflow.step(sid).kind,
-                   "needs": list(plan.needs[sid]),
-                   "fan_out": spec.workflow.step(sid).for_each is not None}
-                  for sid in plan.order],
-        "secrets": {"names": list(spec.workflow.secrets)},
-        "input_fingerprints": {
-            **{f"file:{k}": v.sha256 for k, v in files.items()},
-            **{f"tree:{k}": v.sha256 for k, v in trees.items()},
-        },
-        "input_fingerprint": input_fingerprint(values, files, trees),
-        "input_refused": {f"tree:{k}": [{"path": p, "why": w} for p, w in v.refused]
-                          for k, v in trees.items() if v.refused},
-        "host": {"hostname": os.uname().nodename, "platform": host_platform(),
-                 "python": sys.version.split()[0]},
-        "engine": {"name": "stockade", "version": __version__},
-        "sandbox": {"backend": choice.name, "enforced": choice.enforced,
-                    "limitations": list(choice.limitations), "lifetime": _lifetime()},
-        "jobs": opts.jobs or available_cpus(),
-    }
-
-
-def host_platform() -> str:
-    """``platform.platform()``'s answer on Linux (``Linux-6.1.0-x86_64-with-glibc2.36``).
-
-    Built from ``uname(2)`` and ``confstr``, without the processor name:
-    ``platform.platform()`` runs ``uname -p`` in a subprocess to learn it (and
-    leaves it out when it is "unknown"), a fork and exec on the way to every
-    run's first item.
-    """
-    u = os.uname()
-    if u.sysname != "Linux":
-        import platform
-
-        return platform.platform()
-    try:
-        libc = (os.confstr("CS_GNU_LIBC_VERSION") or "").replace(" ", "")
-    except (OSError, ValueError):
-        libc = ""  # musl has no such name
-    return f"{u.sysname}-{u.release}-{u.machine}" + (f"-with-{libc}" if libc else "")
-
-
 def start_run(
     workflow_path: Path,
     opts: RunOptions,
@@ -273,8 +215,10 @@ def start_run(
             remote.close()
         raise
     started = clock()
-    manifest = _manifest(spec, plan, run_id, started, values, files, trees, choice, opts,
-                         workflow_path)
+    manifest = build_manifest(spec, plan, run_id, started, values, files, trees,
+                              backend=choice.name, enforced=choice.enforced,
+                              limitations=choice.limitations,
+                              jobs=opts.jobs or available_cpus(), workflow_path=workflow_path)
     if tools:
         manifest["toolchains"] = {sid: tc.to_json() for sid, tc in tools.items()}
     if remote is not None:
