@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from stockade.runner.scheduler import (
+from stockade.runner.events import (
     AttemptEnded,
     CancelRunning,
     Expand,
@@ -19,7 +19,6 @@ from stockade.runner.scheduler import (
     ItemFinished,
     RetryScheduled,
     RunFinished,
-    Scheduler,
     Start,
     StartAttempt,
     StartInline,
@@ -28,6 +27,7 @@ from stockade.runner.scheduler import (
     StepStarted,
     Tick,
 )
+from stockade.runner.scheduler import Scheduler
 from stockade.runner.status import AttemptStatus as A
 from stockade.runner.status import ItemStatus as I
 from stockade.runner.status import RunStatus as R

@@ -39,6 +39,27 @@ from stockade.runner.attempt import (
     RunContext,
     error_message,
 )
+from stockade.runner.events import (
+    Action,
+    AttemptEnded,
+    CancelRunning,
+    Event,
+    Expand,
+    Expanded,
+    ExpandFailed,
+    InlineEnded,
+    Interrupt,
+    ItemFinished,
+    RetryScheduled,
+    RunFinished,
+    Start,
+    StartAttempt,
+    StartInline,
+    StepFinished,
+    StepInfo,
+    StepStarted,
+    Tick,
+)
 from stockade.runner.executor import Executor
 from stockade.runner.gcpace import collector_paced
 from stockade.runner.keys import check_key, item_keys, key_problem
@@ -52,28 +73,7 @@ from stockade.runner.prefetch import FolderPrefetch
 from stockade.runner.report import Reporter
 from stockade.runner.resume import record_lost_attempts, verified_items
 from stockade.runner.reuse import Keyed, lookup, step_reuses, take
-from stockade.runner.scheduler import (
-    Action,
-    AttemptEnded,
-    CancelRunning,
-    Event,
-    Expand,
-    Expanded,
-    ExpandFailed,
-    InlineEnded,
-    Interrupt,
-    ItemFinished,
-    RetryScheduled,
-    RunFinished,
-    Scheduler,
-    Start,
-    StartAttempt,
-    StartInline,
-    StepFinished,
-    StepInfo,
-    StepStarted,
-    Tick,
-)
+from stockade.runner.scheduler import Scheduler
 from stockade.runner.status import ITEM_BAD, AttemptStatus, ItemStatus, RunStatus, StepStatus
 from stockade.runner.summary import RunSummary
 from stockade.runner.views import ItemResult, artifacts_of, step_view
