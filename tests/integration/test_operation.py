@@ -263,7 +263,8 @@ def test_a_keep_rule_that_fails_on_some_items_names_its_line_and_keeps_the_rest(
     zero, three = (g[3] for g in got if g[1] == "errored")
     assert zero.startswith(where) and zero.endswith(
         ": ZeroDivisionError: integer division or modulo by zero")
-    assert three.startswith(where) and three.endswith(": keep: must render true or false, got int")
+    assert three.startswith(where) and three.endswith(
+        ": keep: must render true or false, got int 3")
     assert json.loads(project.run("logs", "k1", "after").out) == [2, 6]
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from stockade.expr import ExprError, RenderError, compile_template, render, renderer
 from stockade.runner.attempt import Attempt, ItemRef
-from stockade.runner.kinds.keep import Keep
+from stockade.runner.kinds.keep import Keep, not_a_decision
 from stockade.runner.status import AttemptStatus
 
 CTX: dict[str, Any] = {
@@ -139,7 +139,7 @@ def _one_by_one(rule: str, value: Any) -> tuple[AttemptStatus, Any, str]:
         return AttemptStatus.ERRORED, None, f"{where}: {exc.message}".replace("SECRET", "***")
     if not isinstance(decision, bool):
         return (AttemptStatus.ERRORED, None,
-                f"{where}: keep: must render true or false, got {type(decision).__name__}")
+                f"{where}: {not_a_decision(decision)}".replace("SECRET", "***"))
     return AttemptStatus.SUCCEEDED, decision, "kept" if decision else "dropped"
 
 
@@ -169,7 +169,8 @@ def test_run_all_messages_name_the_rule_and_what_went_wrong() -> None:
                                          AttemptStatus.SUCCEEDED]
     assert outs[0].message == ("wf.yaml:7:5 (decide.keep): ZeroDivisionError: "
                                "integer division or modulo by zero")
-    assert outs[1].message == "wf.yaml:7:5 (decide.keep): keep: must render true or false, got int"
+    assert outs[1].message == ("wf.yaml:7:5 (decide.keep): keep: must render true or false, "
+                               "got int 3")
     assert (outs[2].result, outs[2].message, outs[2].attempt) == (True, "kept", 2)
 
 
@@ -183,3 +184,15 @@ def test_a_rule_that_does_not_compile_is_an_error_of_the_engine_as_before() -> N
                                    context={**CTX, "item": 1})
     with pytest.raises(ExprError, match="invalid template"):
         Keep().run(attempt)
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    ("1\n", "keep: must render true or false, got the text '1\\n'; compare it (== 'yes') or "
+            "convert it (| int > 0)"),
+    (3, "keep: must render true or false, got int 3"),
+    (None, "keep: must render true or false, got null"),
+    (list(range(30)), "keep: must render true or false, got list [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, "
+                      "10, 11..."),
+])
+def test_a_value_that_cannot_decide_is_shown(value: Any, said: str) -> None:
+    assert not_a_decision(value) == said

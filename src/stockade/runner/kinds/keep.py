@@ -68,8 +68,7 @@ class Keep:
             try:
                 decision = decide(value)
                 if not isinstance(decision, bool):
-                    raise UserError(
-                        f"keep: must render true or false, got {type(decision).__name__}")
+                    raise UserError(not_a_decision(decision))
             except ITEM_ERRORS as exc:
                 outs.append(failed(number, now, exc))
                 continue
@@ -77,3 +76,17 @@ class Keep:
                                 message="kept" if decision else "dropped", started_at=now,
                                 ended_at=now))
         return outs
+
+
+def not_a_decision(value: Any) -> str:
+    """Why a ``keep:`` value that is not a bool cannot decide, showing it."""
+    shown = repr(value)
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    if isinstance(value, str):
+        # A step's result is its stdout, text: the usual slip.
+        return (f"keep: must render true or false, got the text {shown}; compare it "
+                "(== 'yes') or convert it (| int > 0)")
+    if value is None:
+        return "keep: must render true or false, got null"
+    return f"keep: must render true or false, got {type(value).__name__} {shown}"
