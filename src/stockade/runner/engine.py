@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -275,15 +275,9 @@ class Engine:
             explicit = None
             if step.key is not None:
                 template = compile_template(step.key)
-                explicit = []
-                for v in values:
-                    try:
-                        rendered = render(template, self.context(step, v, with_item=True),
-                                          functions=self.ctx.functions)
-                        explicit.append(check_key(rendered))
-                    except ITEM_ERRORS as exc:
-                        raise UserError(f"{self._locate(sid, 'key')}: {error_message(exc)}") \
-                            from exc
+                with self._located(sid, "key"):
+                    explicit = [check_key(render(template, self.context(step, v, with_item=True),
+                                                 functions=self.ctx.functions)) for v in values]
             keys = item_keys(values, explicit)
             problem = key_problem(keys, self.ctx.masker.text)
             if problem:
@@ -526,12 +520,8 @@ class Engine:
         self.reporter.step_finished(action.step, str(action.status), action.message)
 
     def _summary(self, status: RunStatus) -> RunSummary:
-        counts: dict[str, dict[str, int]] = {}
-        for sid, sr in self.steps.items():
-            c: dict[str, int] = {}
-            for r in sr.results.values():
-                c[str(r.status)] = c.get(str(r.status), 0) + 1
-            counts[sid] = c
+        counts = {sid: dict(Counter(str(r.status) for r in sr.results.values()))
+                  for sid, sr in self.steps.items()}
         statuses = {sid: self.scheduler.step_status(sid) for sid in self.steps}
         retries = {sid: sr.retries for sid, sr in self.steps.items() if sr.retries}
         reused = {sid: sr.reused for sid, sr in self.steps.items() if sr.reused}
