@@ -89,6 +89,10 @@ def test_manifest_records_run_workflow_inputs_and_sandbox(project: Project) -> N
     assert m["sandbox"]["backend"]
     assert isinstance(m["sandbox"]["enforced"], bool)
     assert m["engine"]["version"]
+    # A workflow without warnings: none recorded, none shown.
+    assert m["warnings"] == []
+    assert "warning" not in project.run("show", "m1").out
+    assert project.run("show", "m1", "--json").json()["warnings"] == []
 
 
 def test_reused_run_id_is_refused_and_nothing_is_touched(project: Project) -> None:
@@ -593,6 +597,10 @@ def test_hole_inside_quotes_warns_and_the_warning_is_true(project: Project) -> N
     assert r.code == 0, r.err
     assert r.json()["status"] == "succeeded"
     assert [line for line in r.err.splitlines() if "warning:" in line] == [warning]
+    # The run's record keeps it: show, and show --json.
+    shown = project.run("show", "r1")
+    assert warning in shown.out.splitlines()
+    assert project.run("show", "r1", "--json").json()["warnings"] == [warning]
     out = project.item("r1", "s") / "work" / "out"
     assert (out / "quoted.txt").read_text() == "'a b'\n"
     assert (out / "bare.txt").read_text() == "a b\n"

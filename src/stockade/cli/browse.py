@@ -180,6 +180,8 @@ def _print_header(view: history.RunView) -> None:
         click.echo(f"interrupted; resume it with: stockade resume {r.run_id}")
     if view.vars:
         click.echo("vars: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in view.vars.items()))
+    for warning in view.warnings:
+        click.echo(warning)
     if view.usage:
         click.echo("tokens: " + _tokens(view.usage))
 

@@ -55,6 +55,12 @@ class RunView:
         end = self.record.ended_at or (time.time() if self.status is RunStatus.RUNNING else None)
         return None if end is None else end - self.record.started_at
 
+    @property
+    def warnings(self) -> list[str]:
+        """The workflow's warnings when the run started (``FILE:LINE:COL: warning: ...``)."""
+        found = self.manifest.get("warnings")
+        return [str(w) for w in found] if isinstance(found, list) else []
+
     def items(self, step: str) -> list[ItemRecord]:
         return self.by_step.get(step, [])
 
@@ -90,6 +96,7 @@ class RunView:
                     "stored_status": self.record.status, "duration": self.duration,
                     "resumes": self.resumes},
             "vars": self.vars,
+            "warnings": self.warnings,
             "usage": self.usage,
             "steps": [self.step_json(s) for s in self.step_ids],
             "resume": (f"stockade resume {self.record.run_id}"

@@ -51,6 +51,9 @@ def build_manifest(spec: Spec, plan: Plan, run_id: str, started: float, values: 
         "sandbox": {"backend": backend, "enforced": enforced,
                     "limitations": list(limitations), "lifetime": sandbox.lifetime()},
         "jobs": jobs,
+        # What validate would have said: the run went ahead, but a reader of
+        # its record later should see it too.
+        "warnings": [str(w) for w in spec.warnings],
     }
 
 
