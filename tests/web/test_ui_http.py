@@ -120,6 +120,7 @@ def test_every_page_and_route_answers(project: Project, finished: str, start_ui:
         assert marker in r.text, path
         assert "default-src 'self'" in r.headers["content-security-policy"]
     assert 'id="run-resumes"' not in ui.get("/runs/webrun1").text  # never resumed
+    assert 'id="warnings"' not in ui.get("/runs/webrun1").text  # its workflow had none
     # A prefix of the run id leads to the run's own URL.
     r = ui.get("/runs/webr", follow_redirects=False)
     assert r.status_code == 307 and r.headers["location"] == "/runs/webrun1"
@@ -141,6 +142,20 @@ def test_every_page_and_route_answers(project: Project, finished: str, start_ui:
     want = re.findall(r"`([0-9a-f]{64})`", line)[0]
     served = ui.get("/static/vendor/dagre.min.js").content
     assert hashlib.sha256(served).hexdigest() == want
+
+
+def test_a_runs_workflow_warnings_are_on_its_page(project: Project, start_ui: object) -> None:
+    project.write("wf.yaml", """\
+        name: warned
+        steps:
+          - id: s
+            run: echo "{{ run.id }}"
+        """)
+    assert project.run("run", "wf.yaml", "--run-id", "warned1").code == 0
+    ui: UIProcess = start_ui()  # type: ignore[operator]
+    page = ui.get("/runs/warned1").text
+    assert 'id="warnings"' in page
+    assert "wf.yaml:4:16: warning: step &#39;s&#39;: {{ run.id }} is inside" in page
 
 
 def test_downloads_are_the_recorded_bytes(project: Project, finished: str, start_ui: object) -> None:
