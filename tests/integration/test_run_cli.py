@@ -169,6 +169,13 @@ def test_failed_item_skips_dependents_but_not_independent_branches(project: Proj
     assert s["steps"] == {"bad": "failed", "after-bad": "skipped", "good": "succeeded",
                           "after-good": "succeeded"}
     assert any("exit status 7" in p for p in s["problems"])
+    # The skipped item's record holds the reason; its status is said once.
+    shown = project.run("show", "b1", "after-bad/0").out
+    assert "status skipped  bad did not succeed" in shown, shown
+    logs = project.run("logs", "b1", "after-bad/0")
+    assert logs.code == 2
+    assert "after-bad/0 never started an attempt (skipped: bad did not succeed)" in logs.err
+    assert "skipped: skipped" not in shown + logs.err
 
 
 def test_an_output_written_to_work_instead_of_out_is_named(project: Project) -> None:

@@ -507,8 +507,8 @@ class Engine:
         sr = self.steps[action.step]
         self.ledger.flush()
         if action.status is StepStatus.SKIPPED:
-            message = f"skipped: {action.message}" if action.message else "skipped"
-            self.ledger.step_record(action.step, ItemStatus.SKIPPED, message)
+            # The reason only: show, logs and the UI print the status beside it.
+            self.ledger.step_record(action.step, ItemStatus.SKIPPED, action.message)
         if self.scheduler.usable(action.step):
             good = [r for r in sr.results.values() if r.status is ItemStatus.SUCCEEDED]
             self.views[action.step] = step_view(sr.step.kind, sr.step.for_each is not None, good)

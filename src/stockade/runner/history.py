@@ -272,8 +272,7 @@ def log(store: Store, record: RunRecord, item: ItemRecord, which: str, attempt: 
     on_disk = idir.attempt_numbers()
     n = attempt if attempt is not None else (item.attempt or (on_disk[-1] if on_disk else 0))
     if n <= 0:
-        why = item.message if item.message.startswith(str(item.status)) \
-            else f"{item.status}: {item.message}"
+        why = f"{item.status}: {item.message}" if item.message else str(item.status)
         raise UserError(f"{label} never started an attempt ({why})")
     if n not in known and n not in on_disk:
         have = sorted(set(known) | set(on_disk))
