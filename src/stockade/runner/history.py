@@ -57,9 +57,7 @@ class RunView:
 
     @property
     def warnings(self) -> list[str]:
-        """The workflow's warnings when the run started (``FILE:LINE:COL: warning: ...``)."""
-        found = self.manifest.get("warnings")
-        return [str(w) for w in found] if isinstance(found, list) else []
+        return manifest_warnings(self.manifest)
 
     def items(self, step: str) -> list[ItemRecord]:
         return self.by_step.get(step, [])
@@ -109,6 +107,13 @@ def item_json(rec: ItemRecord) -> dict[str, Any]:
     d["key"] = rec.label
     d["outputs"] = [o.__dict__ for o in rec.outputs]
     return d
+
+
+def manifest_warnings(manifest: Mapping[str, Any]) -> list[str]:
+    """The workflow's warnings when the run started (``FILE:LINE:COL: warning: ...``);
+    none for a manifest written before runs kept them."""
+    found = manifest.get("warnings")
+    return [str(w) for w in found] if isinstance(found, list) else []
 
 
 def read_manifest(record: RunRecord) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from starlette.staticfiles import StaticFiles
 
 from stockade._show import when
 from stockade.errors import UserError
-from stockade.runner.history import read_manifest
+from stockade.runner.history import manifest_warnings, read_manifest
 from stockade.runner.runs import resolve_run, state
 from stockade.runner.status import RunStatus
 from stockade.store.base import RunRecord, Store
@@ -135,6 +135,7 @@ class UI:
             run=run, steps=[s.to_json() for s in steps], usage=fold.usage, failures=fails,
             resumes=fold.resumes,
             vars_json=json.dumps(manifest.get("vars") or {}, indent=2, ensure_ascii=False),
+            warnings=manifest_warnings(manifest),
             sandbox=manifest.get("sandbox") or {"backend": record.sandbox,
                                                 "enforced": record.enforced},
             manifest=manifest, live=f"/live/runs/{quote(record.run_id)}",
