@@ -121,8 +121,7 @@ def load_workflow(data: bytes, filename: str) -> Spec:
         _positions=loaded.positions,
         _key_positions=loaded.key_positions,
         _templates=dict(checker.templates),
-        warnings=tuple(quoting_warnings(raw.get("steps"), data.decode("utf-8", "replace"),
-                                        filename, position)),
+        warnings=tuple(quoting_warnings(raw.get("steps"), loaded.text, filename, position)),
     )
 
 

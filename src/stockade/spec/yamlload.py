@@ -36,6 +36,8 @@ class Loaded:
     key_positions: dict[Path, tuple[int, int]] = field(default_factory=dict)
     styles: dict[Path, str | None] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
+    #: The file as text (UTF-8, without a byte-order mark), once it decoded.
+    text: str = ""
 
 
 def _pos(node: Node) -> tuple[int, int]:
@@ -198,6 +200,7 @@ def load_yaml(data: bytes, filename: str) -> Loaded:
     text = _decode(data, filename, out)
     if text is None:
         return out
+    out.text = text
     deep = _too_deep(text, filename)
     if deep is not None:
         out.problems.append(deep)
