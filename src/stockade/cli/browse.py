@@ -10,6 +10,7 @@ import contextlib
 import gc
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Iterator
@@ -238,7 +239,7 @@ def _print_step(view: history.RunView, sid: str, *, show_all: bool) -> None:
                 click.echo(f"      out/{o.name}  {o.size} bytes  sha256 {o.sha256[:16]}")
         elif outs:
             click.echo(f"      {len(outs)} output{'s' if len(outs) != 1 else ''} "
-                       f"(stockade show {view.record.run_id} {sid}/{rec.label})")
+                       f"(stockade show {view.record.run_id} {shlex.quote(f'{sid}/{rec.label}')})")
     if total > len(shown):
         click.echo(f"  ... {total - len(shown)} more items "
                    f"(stockade show {view.record.run_id} {sid} --all)")
@@ -270,8 +271,8 @@ def _print_item(view: history.RunView, d: history.ItemView) -> None:
         for line in d.tail.splitlines():
             click.echo(f"    {line}")
     if d.kind in ("run", "agent") and d.attempts:
-        click.echo(f"  logs: stockade logs {view.record.run_id} {rec.step}/{rec.label} "
-                   "[--stderr] [--attempt N]")
+        click.echo(f"  logs: stockade logs {view.record.run_id} "
+                   f"{shlex.quote(f'{rec.step}/{rec.label}')} [--stderr] [--attempt N]")
 
 
 @click.command()
@@ -300,7 +301,8 @@ def logs(run_id: str, target: str, attempt: int | None, which: str, root: str | 
         if lines:
             again = f" --attempt {attempt}" if attempt is not None else ""
             said += (f"; its {other} has {lines} line{'' if lines == 1 else 's'}: stockade logs "
-                     f"{record.run_id} {item.step}/{item.label} --{other}{again}")
+                     f"{record.run_id} {shlex.quote(f'{item.step}/{item.label}')} "
+                     f"--{other}{again}")
         click.echo(said, err=True)
 
 

@@ -16,6 +16,7 @@ import click
 
 def _render(report: dict[str, Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -28,18 +29,18 @@ def _render(report: dict[str, Any]) -> None:
             "yes" if b["available"] else "no",
             "[green]yes[/green]" if b["enforced"] else "[red]no[/red]",
             "*" if b.get("active") else "",
-            b["reason"]
-            + (f" (needs {b['install']})" if b.get("install") else "")
-            + (f"; {b['detail']}" if b.get("detail") else ""),
+            escape(b["reason"]
+                   + (f" (needs {b['install']})" if b.get("install") else "")
+                   + (f"; {b['detail']}" if b.get("detail") else "")),
         )
     console.print(table)
     if report.get("error"):
-        console.print(f"[red]error:[/red] {report['error']}")
+        console.print(f"[red]error:[/red] {escape(report['error'])}")
         return
     console.print(report["start_line"], markup=False)
     life = report["lifetime"]
     if life.get("error"):
-        console.print(f"[red]jail lifetime:[/red] {life['error']}")
+        console.print(f"[red]jail lifetime:[/red] {escape(life['error'])}")
         return
     console.print(f"jail lifetime: {life['mechanism']}: {life['detail']}", markup=False)
     for what, key in (("memory", "memory"), ("processes", "processes")):
@@ -68,6 +69,7 @@ def _cluster(url: str, requested: str | None) -> dict[str, Any]:
 
 def _render_cluster(report: dict[str, Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -78,10 +80,10 @@ def _render_cluster(report: dict[str, Any]) -> None:
         others = ", ".join(b["name"] + ("" if b["enforced"] else " (not enforced)")
                            for b in w.get("backends", ())
                            if b["available"] and b["name"] != w.get("backend"))
-        table.add_row(f"{w.get('name')} ({address})", str(w.get("host")),
-                      str(w.get("backend")),
+        table.add_row(escape(f"{w.get('name')} ({address})"), escape(str(w.get("host"))),
+                      escape(str(w.get("backend"))),
                       "[green]yes[/green]" if w.get("enforced") else "[red]no[/red]",
-                      others, str(w.get("reason")))
+                      escape(others), escape(str(w.get("reason"))))
     console.print(table)
     if not report["workers"]:
         console.print("[red]the cluster has no workers[/red]")

@@ -8,6 +8,7 @@ that shows the rest. Must not import the runner
 
 from __future__ import annotations
 
+import shlex
 import sys
 import threading
 import time
@@ -73,7 +74,8 @@ class PlainReporter:
         for line in tail.splitlines():
             self._line(f"    | {line}")
         if tail and self.run_id:
-            self._line(f"    more: stockade logs {self.run_id} {step}/{key} --stderr")
+            self._line(f"    more: stockade logs {self.run_id} {shlex.quote(f'{step}/{key}')} "
+                       "--stderr")
 
     def step_finished(self, step: str, status: str, message: str) -> None:
         if status == "skipped":
@@ -144,8 +146,8 @@ class LiveReporter(PlainReporter):
             s.retries += 1
             if s.running:
                 s.running -= 1
-        self.console.print(f"[yellow]{step}/{key}[/]: attempt {attempt} failed ({message}); "
-                           f"retry in {delay:.1f}s", markup=True, highlight=False)
+        self._styled(f"{step}/{key}", "yellow",
+                     f": attempt {attempt} failed ({message}); retry in {delay:.1f}s")
 
     def item_finished(self, step: str, key: str, status: str, attempt: int, message: str,
                       tail: str = "") -> None:
@@ -159,12 +161,12 @@ class LiveReporter(PlainReporter):
             if status not in GOOD:
                 s.failed += 1
         if status not in GOOD:
-            self.console.print(f"[red]{step}/{key}[/]: {status} (attempt {attempt}) {message}",
-                               markup=True, highlight=False)
+            self._styled(f"{step}/{key}", "red", f": {status} (attempt {attempt}) {message}")
             for line in tail.splitlines():
                 self.console.print(f"    | {line}", markup=False, highlight=False)
             if tail and self.run_id:
-                self.console.print(f"    more: stockade logs {self.run_id} {step}/{key} --stderr",
+                self.console.print(f"    more: stockade logs {self.run_id} "
+                                   f"{shlex.quote(f'{step}/{key}')} --stderr",
                                    markup=False, highlight=False)
 
     def step_finished(self, step: str, status: str, message: str) -> None:
@@ -174,3 +176,10 @@ class LiveReporter(PlainReporter):
 
     def echo(self, line: str) -> None:
         self.console.print(line, markup=False, highlight=False)
+
+    def _styled(self, label: str, style: str, rest: str) -> None:
+        """``label`` in ``style``, then ``rest``, as given: keys and messages are
+        the workflow's text, and rich markup in them (``a[b]c``) is not ours."""
+        from rich.text import Text
+
+        self.console.print(Text.assemble((label, style), rest), highlight=False)

@@ -12,6 +12,7 @@ Must not import the engine or the CLI.
 from __future__ import annotations
 
 import contextlib
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -266,7 +267,7 @@ def log(store: Store, record: RunRecord, item: ItemRecord, which: str, attempt: 
                         "engine, with no process and so no logs (see `stockade show`)")
     if kind == "publish":
         raise UserError(f"{label} is a publish item: it runs no process; its outcome is in "
-                        f"`stockade show {record.run_id} {label}`")
+                        f"`stockade show {record.run_id} {shlex.quote(label)}`")
     if item.reused_from:
         origin = item.reused_from
         raise UserError(f"{label} was reused from run {origin.get('run_id')}: it ran there "

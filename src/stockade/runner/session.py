@@ -11,6 +11,7 @@ so a dead engine's run reads as ``crashed``. Must not import the CLI.
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -263,6 +264,12 @@ def _create(p: Prepared, workflow_path: Path) -> None:
                             {"sandbox": p.sandbox.line}))
 
 
+def _rerun(workflow_path: Path) -> str:
+    """The way on when ``resume`` refuses a changed workflow, as a command to paste."""
+    return (f"start a new run with `stockade run {shlex.quote(str(workflow_path))} --reuse` "
+            "to rerun only what changed")
+
+
 def resume_run(
     run_id: str,
     opts: RunOptions,
@@ -292,8 +299,8 @@ def resume_run(
         raise UserError(
             f"{workflow_path} changed since run {run_id} started "
             f"(sha256 {spec.sha256[:12]} != {manifest['workflow']['sha256'][:12]}); "
-            "resume runs the workflow it started with: restore the file, or start a new run "
-            f"with `stockade run {workflow_path} --reuse` to rerun only what changed"
+            "resume runs the workflow it started with: restore the file, or "
+            f"{_rerun(workflow_path)}"
         )
     plan = build_plan(spec)
     values = dict(manifest["vars"])
@@ -304,9 +311,8 @@ def resume_run(
         kind, rel = key.split(":", 1)
         now = files.get(rel) if kind == "file" else trees.get(rel)
         if now is not None and now.sha256 != digest:
-            raise UserError(f"{kind}({rel!r}) changed since run {run_id} started; start a "
-                            f"new run with `stockade run {workflow_path} --reuse` to rerun only "
-                            "what changed")
+            raise UserError(f"{kind}({rel!r}) changed since run {run_id} started; "
+                            f"{_rerun(workflow_path)}")
     from stockade.runner.dask_session import resume_url
 
     url = resume_url(opts.executor, manifest)
@@ -324,9 +330,8 @@ def resume_run(
         tools = _toolchains(spec, base, root, choice, remote, reporter)
         moved = toolchains.changed(manifest.get("toolchains") or {}, tools)
         if moved:
-            raise UserError(f"{'; '.join(moved)} changed since run {run_id} started; start a "
-                            f"new run with `stockade run {workflow_path} --reuse` to rerun only "
-                            "what changed")
+            raise UserError(f"{'; '.join(moved)} changed since run {run_id} started; "
+                            f"{_rerun(workflow_path)}")
     except BaseException:
         if remote is not None:
             remote.close()
