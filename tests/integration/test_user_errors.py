@@ -4,6 +4,8 @@ and nothing executed or written."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -194,3 +196,68 @@ def test_literal_item_keys_not_known_to_be_bad_are_left_to_the_run(project: Proj
             run: echo hi
     """)
     assert project.run("validate", str(wf)).code == 0
+
+
+def _folder(root: Path) -> None:
+    (root / "stockade.db").mkdir(parents=True)
+
+
+def _garbage(root: Path) -> None:
+    root.mkdir()
+    (root / "stockade.db").write_bytes(b"not a database, just text\n" * 200)
+
+
+def _runs_is_a_file(root: Path) -> None:
+    root.mkdir()
+    (root / "runs").write_text("")
+
+
+@pytest.mark.parametrize(
+    ("make", "needle", "commands"),
+    [
+        (_folder, "stockade.db is a folder, not the run store's database file",
+         ("run", "runs", "show", "gc")),
+        (_garbage, "stockade.db is not a SQLite database: move it aside",
+         ("run", "runs", "show", "gc")),
+        (_runs_is_a_file, "runs, where runs go: a file is in the way", ("run",)),
+    ],
+)
+def test_an_unusable_root_is_named_with_what_to_change(
+        project: Project, make: Callable[[Path], None], needle: str,
+        commands: tuple[str, ...]) -> None:
+    """A root whose store or runs folder cannot be used: one message naming
+    the path and the options that choose another, exit 2, no traceback; the
+    store is left as found and no run is recorded."""
+    wf = project.write("wf.yaml", """
+        name: x
+        steps:
+          - id: a
+            run: echo hi
+    """)
+    make(project.root)
+    before = sorted((p.relative_to(project.root), p.is_dir() or p.read_bytes())
+                    for p in project.root.rglob("*"))
+    args = {"run": ("run", str(wf), "--sandbox", "none"), "runs": ("runs",),
+            "show": ("show", "last"), "gc": ("gc", "--keep", "0")}
+    for command in commands:
+        r = project.run(*args[command])
+        assert (r.code, r.out) == (2, ""), (command, r.err)
+        [line] = r.err.splitlines()
+        assert needle in line and str(project.root) in line, line
+        assert "--root, $STOCKADE_HOME" in line
+    after = sorted((p.relative_to(project.root), p.is_dir() or p.read_bytes())
+                   for p in project.root.rglob("*"))
+    if make is _runs_is_a_file:
+        # The store was made and the run's record taken back out.
+        assert project.run("runs").out.strip() == "no runs yet"
+        after = [entry for entry in after if not str(entry[0]).startswith("stockade.db")]
+    assert after == before
+
+
+def test_a_root_that_cannot_be_made_is_named(project: Project) -> None:
+    wf = project.write("wf.yaml", "name: x\nsteps:\n  - id: a\n    run: echo hi\n")
+    r = project.run("run", str(wf), "--sandbox", "none", "--root", "/proc/stockade-root")
+    assert (r.code, r.out) == (2, "")
+    assert r.err.strip() == (
+        "error: cannot make the run store's folder /proc/stockade-root: No such file or "
+        "directory; choose another root (--root, $STOCKADE_HOME) or store ($STOCKADE_STORE)")

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from stockade.store import pg_schema, sqlite
+from stockade.store import _sqlite_file, pg_schema
 from stockade.store._sql import TABLES, to_postgres
 
 
@@ -44,5 +44,5 @@ def test_every_table_of_both_schemas_is_known() -> None:
     # A shared read of a table missing from TABLES would reach PostgreSQL
     # without its prefix.
     made = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)")
-    assert sorted(made.findall(sqlite.SCHEMA)) == sorted(TABLES)
+    assert sorted(made.findall(_sqlite_file.SCHEMA)) == sorted(TABLES)
     assert sorted(made.findall(pg_schema.SCHEMA)) == sorted(f"stockade_{t}" for t in TABLES)

@@ -1,8 +1,9 @@
 """SQLite implementation of the run store (WAL mode, one file per root).
 
-The reads are the shared queries of ``store._sql``; here are the schema and
-its migrations, and the writes with their transactions (``BEGIN IMMEDIATE``
-on one connection; ``synchronous=FULL`` for leases, fences and effects).
+The reads are the shared queries of ``store._sql``, and the file's schema,
+migrations and opening are in ``store._sqlite_file``; here are the writes
+with their transactions (``BEGIN IMMEDIATE`` on one connection;
+``synchronous=FULL`` for leases, fences and effects).
 
 Must not import runner, workspace, sandbox or cli.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 import itertools
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +24,7 @@ from stockade.store._rows import (
     effect_from_row,
 )
 from stockade.store._sql import SQLStore
+from stockade.store._sqlite_file import connect
 from stockade.store.base import (
     REUSE_KEEP,
     ArtifactRecord,
@@ -38,122 +39,6 @@ from stockade.store.base import (
     RunExists,
     RunRecord,
 )
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY,
-    workflow TEXT NOT NULL,
-    workflow_path TEXT NOT NULL,
-    workflow_sha256 TEXT NOT NULL,
-    root TEXT NOT NULL,
-    status TEXT NOT NULL,
-    started_at REAL NOT NULL,
-    ended_at REAL,
-    sandbox TEXT NOT NULL,
-    enforced INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS items (
-    run_id TEXT NOT NULL,
-    step TEXT NOT NULL,
-    item INTEGER NOT NULL,
-    status TEXT NOT NULL,
-    attempt INTEGER NOT NULL,
-    result TEXT,
-    value TEXT,
-    message TEXT NOT NULL,
-    started_at REAL NOT NULL,
-    ended_at REAL NOT NULL,
-    key TEXT NOT NULL DEFAULT '',
-    reused_from TEXT,
-    usage TEXT NOT NULL DEFAULT '{}',
-    PRIMARY KEY (run_id, step, item)
-);
-CREATE TABLE IF NOT EXISTS artifacts (
-    run_id TEXT NOT NULL,
-    step TEXT NOT NULL,
-    item INTEGER NOT NULL,
-    attempt INTEGER NOT NULL,
-    name TEXT NOT NULL,
-    sha256 TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    PRIMARY KEY (run_id, step, item, name)
-);
-CREATE TABLE IF NOT EXISTS attempts (
-    run_id TEXT NOT NULL,
-    step TEXT NOT NULL,
-    item INTEGER NOT NULL,
-    attempt INTEGER NOT NULL,
-    outcome TEXT NOT NULL,
-    exit_code INTEGER,
-    started_at REAL NOT NULL,
-    ended_at REAL NOT NULL,
-    message TEXT NOT NULL,
-    provenance TEXT,
-    PRIMARY KEY (run_id, step, item, attempt)
-);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id TEXT NOT NULL,
-    at REAL NOT NULL,
-    kind TEXT NOT NULL,
-    data TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_run ON events (run_id, id);
-CREATE TABLE IF NOT EXISTS leases (
-    name TEXT PRIMARY KEY,
-    holder TEXT NOT NULL,
-    token INTEGER NOT NULL,
-    expires_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS lease_users (
-    name TEXT NOT NULL,
-    holder TEXT NOT NULL,
-    user TEXT NOT NULL,
-    PRIMARY KEY (name, holder, user)
-);
-CREATE TABLE IF NOT EXISTS fences (
-    scope TEXT PRIMARY KEY,
-    high_water INTEGER NOT NULL,
-    holder TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS effects (
-    key TEXT PRIMARY KEY,
-    run_id TEXT NOT NULL,
-    step TEXT NOT NULL,
-    item INTEGER NOT NULL,
-    attempt INTEGER NOT NULL,
-    lease TEXT NOT NULL,
-    sink TEXT NOT NULL,
-    sink_key TEXT NOT NULL,
-    payload_sha256 TEXT NOT NULL,
-    status TEXT NOT NULL,
-    token INTEGER,
-    claimed_at REAL NOT NULL,
-    finished_at REAL,
-    message TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS effects_run ON effects (run_id, key);
-CREATE TABLE IF NOT EXISTS reuse_index (
-    key TEXT NOT NULL,
-    run_id TEXT NOT NULL,
-    step TEXT NOT NULL,
-    item INTEGER NOT NULL,
-    attempt INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    PRIMARY KEY (key, run_id, step, item)
-);
-CREATE INDEX IF NOT EXISTS reuse_run ON reuse_index (run_id);
-CREATE TABLE IF NOT EXISTS last_publish (
-    lease TEXT PRIMARY KEY,
-    run_id TEXT NOT NULL,
-    key TEXT NOT NULL,
-    payload_sha256 TEXT NOT NULL,
-    input_fingerprint TEXT NOT NULL,
-    at REAL NOT NULL,
-    run_started_at REAL NOT NULL DEFAULT 0,
-    token INTEGER NOT NULL DEFAULT 0
-);
-"""
 
 #: The database clock in seconds. ``unixepoch('subsec')`` needs SQLite 3.42 and
 #: returns NULL on the 3.40 this project runs on; julianday works everywhere.
@@ -170,56 +55,8 @@ class SQLiteStore(SQLStore):
 
     def __init__(self, path: Path | str) -> None:
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(
-            self.path, check_same_thread=False, isolation_level=None, timeout=30.0
-        )
-        self._db.execute("PRAGMA busy_timeout=30000")
-        self._wal()
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
-        self._migrate()
-
-    def _wal(self) -> None:
-        # Switching a new file to WAL while another connection does the same
-        # answers "database is locked" at once: SQLite skips the busy handler
-        # there. Several engines (or test threads) opening one new store race
-        # on it, so wait and retry, as the busy handler would have.
-        for delay in (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0):
-            try:
-                self._db.execute("PRAGMA journal_mode=WAL")
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc):
-                    raise
-                time.sleep(delay)
-        self._db.execute("PRAGMA journal_mode=WAL")
-
-    def _migrate(self) -> None:
-        # Stores made before last_publish learnt who published and with which token.
-        have = {r[1] for r in self._db.execute("PRAGMA table_info(last_publish)")}
-        for col, decl in (("run_started_at", "REAL NOT NULL DEFAULT 0"),
-                          ("token", "INTEGER NOT NULL DEFAULT 0")):
-            if col not in have:
-                self._db.execute(f"ALTER TABLE last_publish ADD COLUMN {col} {decl}")
-        # Stores made before items had keys, reuse origins, token usage.
-        columns = {r[1] for r in self._db.execute("PRAGMA table_info(items)")}
-        if "key" not in columns:
-            self._db.execute("ALTER TABLE items ADD COLUMN key TEXT NOT NULL DEFAULT ''")
-        if "reused_from" not in columns:
-            self._db.execute("ALTER TABLE items ADD COLUMN reused_from TEXT")
-        if "usage" not in columns:
-            self._db.execute("ALTER TABLE items ADD COLUMN usage TEXT NOT NULL DEFAULT '{}'")
-        if "provenance" not in {r[1] for r in self._db.execute("PRAGMA table_info(attempts)")}:
-            self._db.execute("ALTER TABLE attempts ADD COLUMN provenance TEXT")
-        # After the key column exists: looking an item up by key in a 10,000-item step.
-        self._db.execute("CREATE INDEX IF NOT EXISTS items_key ON items (run_id, step, key)")
-        # Counts per step and status read from the index alone (``show`` and
-        # the UI on a 100,000-item run: 150 ms of table scan to 40 ms).
-        self._db.execute("CREATE INDEX IF NOT EXISTS items_tally ON items "
-                         "(run_id, step, status, started_at, ended_at)")
+        self._db = connect(self.path)
 
     # -- helpers -----------------------------------------------------------
 

@@ -37,7 +37,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from stockade.errors import UserError
+from stockade.errors import InfraError, UserError
 from stockade.workspace.spread import is_spread, make_spread_folder
 
 
@@ -190,7 +190,13 @@ class RunDir:
 
     def create(self) -> None:
         """Create the run directory; an existing one is refused, never reused."""
-        (self.root / "runs").mkdir(parents=True, exist_ok=True)
+        runs = self.root / "runs"
+        try:
+            runs.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            why = "a file is in the way" if runs.is_file() else exc.strerror or str(exc)
+            raise InfraError(f"cannot make {runs}, where runs go: {why}; choose another root "
+                             "(--root, $STOCKADE_HOME)") from None
         try:
             self.path.mkdir()
         except FileExistsError:
