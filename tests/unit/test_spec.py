@@ -116,6 +116,66 @@ def test_byte_level_junk_gives_problems(data: bytes, expected: str) -> None:
     assert any(g.startswith(expected) or (":" not in expected and expected in g) for g in got), got
 
 
+QUOTE_IT = ('a value that starts with {{ must be in quotes ("{{ ... }}"): without them YAML '
+            "reads { as the start of a mapping")
+INDENT = "check this line's indentation against the lines above it"
+COLON = ("a value that holds ': ' (a colon and a space) must be in quotes, or written as a "
+         "block (run: | and the command on the next lines)")
+STEP = "name: w\nsteps:\n  - id: a\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        # A template as a value's first characters: YAML reads a flow mapping.
+        ("    for_each: {{ vars.x }}\n    run: ls\n", f"w.yaml:4:15: {QUOTE_IT}"),
+        ("    run: {{ vars.x }}\n", f"w.yaml:4:10: {QUOTE_IT}"),
+        ("    run: {{ vars.x }} && ls\n", f"w.yaml:4:10: {QUOTE_IT}"),
+        ("    inputs:\n      a.txt: {{ vars.x }}\n    run: ls\n", f"w.yaml:5:14: {QUOTE_IT}"),
+        ("    inputs: {a.txt: {{ vars.x }}}\n    run: ls\n", f"w.yaml:4:21: {QUOTE_IT}"),
+        ("    for_each:\n      - {{ vars.x }}\n    run: ls\n", f"w.yaml:5:9: {QUOTE_IT}"),
+        # A colon and a space inside a plain value.
+        ("    run: echo '{\"total\": 3}' > out/r.json\n", f"w.yaml:4:24: YAML syntax: mapping "
+         f"values are not allowed here; {COLON}"),
+        ("    run: echo note: done\n", f"w.yaml:4:19: YAML syntax: mapping values are not "
+         f"allowed here; {COLON}"),
+        # A key indented deeper or shallower than its neighbours.
+        ("     run: ls\n", f"w.yaml:4:9: YAML syntax: mapping values are not allowed here; "
+         f"{INDENT}"),
+        ("  run: ls\n", f"w.yaml:4:3: YAML syntax: expected <block end>, but found '?' "
+         f"(while parsing a block collection); {INDENT}"),
+        # Characters YAML reserves at the start of a plain value.
+        ("    run: `date`\n", "w.yaml:4:10: YAML syntax: found character '`' that cannot start "
+         "any token (while scanning for the next token); a value that starts with ` must be "
+         "in quotes"),
+        ("    run: @here\n", "w.yaml:4:10: YAML syntax: found character '@' that cannot "
+         "start any token (while scanning for the next token); a value that starts with @ "
+         "must be in quotes"),
+        # A quote left open points at where it opened, not at the end of the file.
+        ("    run: \"ls\n    retries: 2\n", "w.yaml:4:10: YAML syntax: this quote is never "
+         "closed (the file ends inside it)"),
+        ("    run: echo [1, 2: b: c\n", f"w.yaml:4:20: YAML syntax: mapping values are not "
+         f"allowed here; {COLON}"),
+        # No hint where none fits.
+        ("    run: [a, b\n", "w.yaml:5:1: YAML syntax: expected ',' or ']', but got "
+         "'<stream end>' (while parsing a flow sequence)"),
+    ],
+)
+def test_common_yaml_slips_say_what_to_change(body: str, expected: str) -> None:
+    assert problems_of((STEP + body).encode()) == [expected]
+
+
+@pytest.mark.parametrize("body", [
+    '    run: "{{ vars.x }}"\n',
+    "    run: echo {{ vars.x }}\n",
+    "    run: 'echo a: b'\n",
+    "    run: |\n      echo a: b\n",
+    "    run: echo a:b\n",
+])
+def test_quoted_templates_and_colons_in_blocks_load(body: str) -> None:
+    load_workflow(("vars: {x: ls}\n" + STEP + body).encode(), "w.yaml")
+
+
 def test_alias_bomb_is_refused_quickly() -> None:
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
     for i in range(1, 30):

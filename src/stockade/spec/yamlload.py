@@ -88,17 +88,55 @@ def _too_deep(text: str, filename: str) -> Problem | None:
     return None
 
 
-def _yaml_problem(filename: str, exc: YAMLError) -> Problem:
-    if isinstance(exc, MarkedYAMLError):
-        mark = exc.problem_mark or exc.context_mark
-        message = exc.problem or exc.context or "invalid YAML"
-        if "\\t" in message or "\t" in message:
-            message = "tab character: YAML indents with spaces only"
-        elif exc.context and exc.problem:
-            message = f"{exc.problem} ({exc.context})"
-        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
-        return Problem(filename, line, col, f"YAML syntax: {message}")
-    return Problem(filename, 1, 1, f"YAML syntax: {exc}")
+def _yaml_problem(filename: str, exc: YAMLError, text: str) -> Problem:
+    if not isinstance(exc, MarkedYAMLError):
+        return Problem(filename, 1, 1, f"YAML syntax: {exc}")
+    mark = exc.problem_mark or exc.context_mark
+    message = exc.problem or exc.context or "invalid YAML"
+    if "\\t" in message or "\t" in message:
+        return Problem(filename, mark.line + 1 if mark else 1, mark.column + 1 if mark else 1,
+                       "YAML syntax: tab character: YAML indents with spaces only")
+    if (exc.context == "while scanning a quoted scalar" and exc.context_mark is not None
+            and "end of stream" in (exc.problem or "")):
+        m = exc.context_mark
+        return Problem(filename, m.line + 1, m.column + 1,
+                       "YAML syntax: this quote is never closed (the file ends inside it)")
+    if exc.context and exc.problem:
+        message = f"{exc.problem} ({exc.context})"
+    line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+    lines = text.splitlines()
+    at = lines[line - 1] if 0 < line <= len(lines) else ""
+    key = _KEY_START.match(at)
+    if key and at[key.end():].startswith("{{"):
+        return Problem(filename, line, key.end() + 1, UNQUOTED_TEMPLATE)
+    hint = _syntax_hint(exc.problem or "", at, key, col)
+    return Problem(filename, line, col, f"YAML syntax: {message}" + (f"; {hint}" if hint else ""))
+
+
+#: ``key: `` (or ``- key: ``) at the start of a line: where the line's value begins.
+_KEY_START = re.compile(r"\s*(?:-\s+)?[A-Za-z0-9_.-]+:(?:\s+|$)")
+
+
+#: A ``{{ }}`` template as a value's first characters, without quotes.
+UNQUOTED_TEMPLATE = ("a value that starts with {{ must be in quotes (\"{{ ... }}\"): without "
+                     "them YAML reads { as the start of a mapping")
+
+
+def _syntax_hint(problem: str, line: str, key: re.Match[str] | None, col: int) -> str:
+    """What most likely went wrong, from the parser's complaint, the line it
+    points at and where that line's value starts (``key``); empty when no
+    common mistake fits."""
+    value = line[key.end():] if key else ""
+    if "cannot start any token" in problem and value[:1] in ("`", "@", "%"):
+        return f"a value that starts with {value[0]} must be in quotes"
+    if "mapping values are not allowed" in problem:
+        if key and col > key.end():
+            return ("a value that holds ': ' (a colon and a space) must be in quotes, or "
+                    "written as a block (run: | and the command on the next lines)")
+        return "check this line's indentation against the lines above it"
+    if problem.startswith(("expected <block end>", "did not find expected")):
+        return "check this line's indentation against the lines above it"
+    return ""
 
 
 def _scalar(node: ScalarNode) -> tuple[Any, str | None]:
@@ -165,6 +203,9 @@ class _Builder:
         if isinstance(node, SequenceNode):
             return [self.build(child, (*path, i)) for i, child in enumerate(node.value)]
         assert isinstance(node, MappingNode)
+        if node.flow_style and self.out.text.startswith("{{", node.start_mark.index):
+            self.problem(_pos(node), UNQUOTED_TEMPLATE)
+            return None
         result: dict[str, Any] = {}
         first_at: dict[str, tuple[int, int]] = {}
         for knode, vnode in node.value:
@@ -219,7 +260,7 @@ def load_yaml(data: bytes, filename: str) -> Loaded:
             return out
         root = yaml.compose(text)
     except YAMLError as exc:
-        out.problems.append(_yaml_problem(filename, exc))
+        out.problems.append(_yaml_problem(filename, exc, text))
         return out
     except RecursionError:
         out.problems.append(Problem(filename, 1, 1, "YAML nested too deeply"))
