@@ -201,6 +201,9 @@ def test_older_run_publishing_last_is_fenced(tmp_path: Path) -> None:
     shown = stockade(tmp_path, "show", "old", "publish/0")
     assert "fenced" in shown.stdout + shown.stderr
     assert "token 1" in shown.stdout + shown.stderr
+    # A publish attempt runs no process: its line has no exit status.
+    [attempt] = [ln for ln in shown.stdout.splitlines() if ln.startswith("  attempt 1:")]
+    assert " exit " not in attempt, attempt
 
 
 def test_kill_9_mid_fanout_then_resume_postgresql(tmp_path: Path, pg_url: str) -> None:

@@ -255,7 +255,8 @@ def _print_item(view: history.RunView, d: history.ItemView) -> None:
     for a in d.attempts:
         worker = (a.provenance or {}).get("worker") or {}
         click.echo(f"  attempt {a.attempt}: {a.outcome}  started {when(a.started_at)}  "
-                   f"{a.ended_at - a.started_at:.2f}s  exit {a.exit_code}"
+                   f"{a.ended_at - a.started_at:.2f}s"
+                   + (f"  exit {a.exit_code}" if a.exit_code is not None else "")
                    + (f"  on worker {worker.get('name')}" if worker else "")
                    + (f"  {a.message}" if a.message else ""))
     if rec.usage:
