@@ -148,6 +148,9 @@ def test_flows_name_each_value_and_slot(step: str, expected: list[Flow]) -> None
          [("vars.d", "env.FOO"), ("literal", "env.BAR"), ("run.id", "run")]),
         ("  - id: a\n    for_each: [1, 2]\n    run: 'echo {{ item }}'\n",
          [("item", "run"), ("literal", "for_each")]),
+        # A literal list of text is one flow too, not one per element.
+        ("  - id: a\n    for_each: [x, y, z]\n    key: '{{ item }}'\n    run: 'echo {{ item }}'\n",
+         [("item", "key"), ("item", "run"), ("literal", "for_each")]),
         ("  - id: a\n    inputs:\n      cfg.json: {k: '{{ vars.n }}', l: ['{{ vars.d }}']}\n    run: x\n",
          [("vars.n", "inputs.cfg.json.k"), ("vars.d", "inputs.cfg.json.l[0]"), ("literal", "run")]),
         ("  - id: a\n    secrets: [KEY]\n    run: x\n", [("literal", "run"), ("secret:KEY", "env.KEY")]),
@@ -171,6 +174,11 @@ def test_format_plan_shows_steps_flows_and_what_is_unseen() -> None:
     assert "sees nothing of: gather, analyse" in survivors
     gather = text.split("1. gather")[1].split("2. analyse")[0]
     assert "sees nothing of" not in gather
+
+
+def test_format_plan_counts_one_step_as_one() -> None:
+    spec = spec_of(steps_yaml("  - id: a\n    run: x\n"))
+    assert format_plan(spec, build_plan(spec)).startswith("workflow w: 1 step (")
 
 
 def test_plan_json_is_json_and_complete() -> None:

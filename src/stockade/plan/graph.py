@@ -101,7 +101,8 @@ def _flows(spec: Spec) -> list[Flow]:
         pairs: list[tuple[str, str]] = []
         for path, _text, slot in templated_strings(spec.raw("steps", i), ("steps", i)):
             t = spec.template(*path)
-            if not t.is_template:
+            # A literal for_each list is one flow (added below), not one per element.
+            if not t.is_template and not slot.startswith("for_each["):
                 pairs.append(("literal", slot))
             pairs.extend((ref, slot) for ref in t.refs)
         if isinstance(step.for_each, list):

@@ -68,7 +68,8 @@ def _isolation(step: Step) -> list[str]:
 def format_plan(spec: Spec, plan: Plan) -> str:
     """Each step in order: kind, needs, fan-out, what flows into which slot, what it cannot see."""
     wf = spec.workflow
-    out = [f"workflow {wf.name}: {len(plan.order)} steps ({spec.filename}, sha256 {spec.sha256[:12]})"]
+    steps_n = f"{len(plan.order)} step" + ("" if len(plan.order) == 1 else "s")
+    out = [f"workflow {wf.name}: {steps_n} ({spec.filename}, sha256 {spec.sha256[:12]})"]
     if wf.vars:
         out.append("vars: " + ", ".join(f"{k}={v!r}" for k, v in wf.vars.items()))
     steps = {s.id: s for s in wf.steps}
