@@ -101,6 +101,25 @@ def test_the_outputs_pointer_of_a_runs_listing_runs_as_printed(home: Path, ran: 
     assert named == {f"each/{k}" for k in KEYS if k != "a b"}
 
 
+def test_why_of_a_failed_item_says_so_and_points_at_its_stderr(home: Path, ran: str) -> None:
+    code, out, _ = stockade(home, ["why", "h1", "each/a b"])
+    assert code == 0
+    assert out.splitlines()[1] == ("  failed: nothing it wrote counts as an output; its stderr: "
+                                   "stockade logs h1 'each/a b' --stderr")
+    code, out, _ = stockade(home, pasted(out.splitlines()[1].split(": stockade ", 1)[1]))
+    assert (code, out) == (0, "a b")
+
+
+def test_why_of_an_item_that_never_ran_says_why(tmp_path: Path) -> None:
+    wf = tmp_path / "wf.yaml"
+    wf.write_text("name: never\nsteps:\n  - id: bad\n    run: exit 3\n"
+                  "  - id: after\n    needs: [bad]\n    run: echo no\n")
+    assert stockade(tmp_path, ["run", str(wf), "--run-id", "n1", "--sandbox", "none"])[0] == 1
+    assert stockade(tmp_path, ["why", "n1", "after/0"]) == (
+        2, "", "after/0 never ran (skipped: bad did not succeed), so it has no outputs and no "
+               "provenance\n")
+
+
 def test_resumes_way_on_names_a_workflow_path_with_a_space(tmp_path: Path) -> None:
     wf = tmp_path / "my flows" / "wf.yaml"
     wf.parent.mkdir()

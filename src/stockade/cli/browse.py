@@ -346,6 +346,10 @@ def _print_chain(node: dict[str, Any], indent: int) -> None:
     via = f", reused from run {reused['run_id']}" if reused else ""
     click.echo(f"{pad}{node['step']}/{node['key']} attempt {node['attempt']} (run {node['run_id']}"
                f"{via}, sandbox {sb['backend']}{'' if sb['enforced'] else ' NOT enforced'})")
+    if node.get("status") not in (None, "succeeded"):
+        label = shlex.quote(f"{node['step']}/{node['key']}")
+        click.echo(f"{pad}  {node['status']}: nothing it wrote counts as an output; its "
+                   f"stderr: stockade logs {node['run_id']} {label} --stderr")
     for o in node["outputs"]:
         click.echo(f"{pad}  out/{o['name']}  sha256 {o['sha256']}  {o['size']} bytes")
     for inp in node["inputs"]:

@@ -310,6 +310,9 @@ def provenance_chain(store: Store, record: RunRecord, item: ItemRecord, output: 
         if name not in names:
             listed = ", ".join(f"out/{n}" for n in names) or "none"
             raise UserError(f"{label} has no output {output!r} (its outputs: {listed})")
+    if not item.attempt:
+        why = f" ({item.status}: {item.message})" if item.message else f" ({item.status})"
+        raise UserError(f"{label} never ran{why}, so it has no outputs and no provenance")
     return _chain(store, record.run_id, item.step, item.item, name, 0, set(), max_items)
 
 
@@ -322,6 +325,7 @@ def _chain(store: Store, run_id: str, step: str, index: int, output: str | None,
     outputs = [o for o in prov.outputs if output is None or o.name == output]
     node: dict[str, Any] = {
         "step": step, "item": index, "key": prov.key, "attempt": prov.attempt,
+        "status": str(rec.status) if rec is not None else "",
         "run_id": prov.run_id, "sandbox": prov.sandbox.__dict__,
         "outputs": [o.__dict__ for o in outputs], "inputs": [],
     }
