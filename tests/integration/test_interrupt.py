@@ -123,9 +123,12 @@ def test_ctrl_c_at_any_moment(project: Project, delay: float | None) -> None:
 def test_an_interrupted_run_resumes_to_success(project: Project) -> None:
     marker = f"300.{secrets.randbelow(10**8):08d}"
     wf = _workflow(project, marker)
-    code, _, _ = _interrupt(project, wf, "c2", delay=None)
+    code, _, err = _interrupt(project, wf, "c2", delay=None)
     assert code == 130
     assert project.run("runs", "--json").json()[0]["status"] == "interrupted"
+    # Each item the Ctrl-C stopped says so once, without the status again.
+    stopped = [ln for ln in err.splitlines() if "sleepers/" in ln]
+    assert stopped and all(ln.endswith(": interrupted (attempt 1)") for ln in stopped), err
     # No folder made ahead is left (runner.prefetch makes them only where the
     # step folder refuses the spread flag: tests/integration/test_prefetch_cli.py
     # interrupts such a run on tmpfs). Only attempts that began left a work/.

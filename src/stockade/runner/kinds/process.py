@@ -396,7 +396,7 @@ def finish(attempt: Attempt, started: float, code: int | None, timed_out: bool,
     """
     n, step = attempt.number, attempt.step
     if attempt.run.cancelled and (code is None or code != 0):
-        return Outcome(AttemptStatus.INTERRUPTED, n, message="interrupted", exit_code=code,
+        return Outcome(AttemptStatus.INTERRUPTED, n, exit_code=code,
                        started_at=started, retryable=False)
     if timed_out:
         return Outcome(AttemptStatus.FAILED, n, message=f"timed out after {step.timeout:g}s",
