@@ -169,6 +169,9 @@ def test_failed_item_skips_dependents_but_not_independent_branches(project: Proj
     assert s["steps"] == {"bad": "failed", "after-bad": "skipped", "good": "succeeded",
                           "after-good": "succeeded"}
     assert any("exit status 7" in p for p in s["problems"])
+    # The skipped step's one record counts, as show counts it.
+    assert s["items"] == {"bad": {"failed": 1}, "after-bad": {"skipped": 1},
+                          "good": {"succeeded": 1}, "after-good": {"succeeded": 1}}
     # The skipped item's record holds the reason; its status is said once.
     shown = project.run("show", "b1", "after-bad/0").out
     assert "status skipped  bad did not succeed" in shown, shown

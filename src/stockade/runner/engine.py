@@ -520,9 +520,12 @@ class Engine:
         self.reporter.step_finished(action.step, str(action.status), action.message)
 
     def _summary(self, status: RunStatus) -> RunSummary:
-        counts = {sid: dict(Counter(str(r.status) for r in sr.results.values()))
-                  for sid, sr in self.steps.items()}
         statuses = {sid: self.scheduler.step_status(sid) for sid in self.steps}
+        # A skipped step that never had items has the one record _step_finished
+        # wrote, as show and the UI count it.
+        counts = {sid: dict(Counter(str(r.status) for r in sr.results.values()))
+                  or ({"skipped": 1} if statuses[sid] is StepStatus.SKIPPED else {})
+                  for sid, sr in self.steps.items()}
         retries = {sid: sr.retries for sid, sr in self.steps.items() if sr.retries}
         reused = {sid: sr.reused for sid, sr in self.steps.items() if sr.reused}
         # From the store, so a resumed run counts the items it kept too; only
