@@ -123,6 +123,45 @@ def test_a_reader_that_goes_away_is_not_an_error(project: Project) -> None:
     assert "Traceback" not in err and "Exception ignored" not in err
 
 
+GATED = """\
+name: gated
+steps:
+  - id: wait
+    for_each: [1, 2, 3]
+    run: |
+      while [ ! -e {gate} ]; do sleep 0.05; done
+      echo item {{{{ item }}}} says no >&2
+      exit 1
+  - id: other
+    run: |
+      while [ ! -e {gate} ]; do sleep 0.05; done
+      echo kept > out/kept.txt
+"""
+
+
+def test_a_run_whose_reader_goes_away_finishes_and_keeps_its_status(project: Project,
+                                                                      tmp_path: Path) -> None:
+    """``stockade run wf.yaml | head -2``: the progress reader leaves after two
+    lines; the run goes on to its end, records it and exits 1 (an item failed),
+    not 0 with the run left as crashed."""
+    gate = tmp_path / "gate"
+    wf = project.write("wf.yaml", GATED.format(gate=gate))
+    run = subprocess.Popen(project.cmd("run", str(wf), "--run-id", "gone", "--sandbox", "none"),
+                           cwd=project.path, env=project.env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    assert run.stdout is not None
+    first = [run.stdout.readline(), run.stdout.readline()]
+    assert first[0].startswith(b"run gone in "), first
+    run.stdout.close()
+    gate.touch()  # only now do the items fail and print their lines
+    assert run.wait(timeout=120) == 1
+    shown = json.loads(subprocess.run(project.cmd("show", "gone", "--json"), cwd=project.path,
+                                      env=project.env, capture_output=True, check=True).stdout)
+    assert shown["run"]["status"] == "failed"
+    assert [(s["id"], s["counts"]) for s in shown["steps"]] == [
+        ("wait", {"failed": 3}), ("other", {"succeeded": 1})]
+
+
 def test_a_handler_registered_before_main_still_runs(project: Project, tmp_path: Path) -> None:
     # coverage, or a benchmark's wrapper: stockade is not the whole program,
     # so it ends the usual way and the program's own handler runs.

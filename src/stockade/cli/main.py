@@ -28,6 +28,7 @@ import click
 # (``stockade._pending``); each command then takes SIGINT as a counted
 # KeyboardInterrupt (``friendly``).
 from stockade import _pending
+from stockade.cli.streams import outlive_readers
 from stockade.errors import StaleOutput, StockadeError, TamperedArtifact, UserError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -228,6 +229,7 @@ def run(file: Path, run_id: str | None, vars_: tuple[str, ...], jobs: int | None
     opts = RunOptions(root=_root(root), jobs=jobs, run_id=run_id, overrides=_parse_vars(vars_),
                       sandbox=sandbox_name, require_sandbox=require_sandbox, store_url=store_url,
                       reuse=reuse, executor=executor, artifacts=artifacts)
+    outlive_readers()  # a reader that goes away (| head) must not end the run
     reporter = _reporter(as_json)
     reporter.start()
     try:
@@ -269,6 +271,7 @@ def resume(run_id: str, root: str | None, jobs: int | None, sandbox_name: str | 
         store.close()
     opts = RunOptions(root=_root(root), jobs=jobs, sandbox=sandbox_name, store_url=store_url,
                       allow_stale=allow_stale, executor=executor, artifacts=artifacts)
+    outlive_readers()  # a reader that goes away (| head) must not end the run
     reporter = _reporter(as_json)
     reporter.start()
     try:
