@@ -195,3 +195,51 @@ def test_a_ctrl_c_python_dropped_still_interrupts_the_run(project: Project, wher
     else:  # positive control: without a dropped Ctrl-C it runs to the end
         assert p.returncode == 0, p.stderr
         assert runs[0]["status"] == "succeeded"
+
+
+def test_a_terminal_hang_up_ends_the_run_as_interrupted(project: Project) -> None:
+    """SIGHUP (the terminal or SSH session went away) to the run's process
+    group: the run stops its jails and ends recorded as interrupted, exit 130,
+    resumable, as for Ctrl-C; not killed mid-write and left as crashed."""
+    marker = f"300.{secrets.randbelow(10**8):08d}"
+    wf = _workflow(project, marker)
+    p = project.popen("run", str(wf), "--run-id", "hup1", "--jobs", "4", env={"SLOW": "yes"})
+    assert _wait((project.item("hup1", "sleepers", 0) / "work").exists, 60)
+    os.killpg(p.pid, signal.SIGHUP)
+    try:
+        _, err = p.communicate(timeout=EXIT_BOUND + 30)
+    except Exception:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise
+    assert p.returncode == 130, err
+    assert _wait(lambda: not _jail_processes(marker), EXIT_BOUND)
+    assert project.run("runs", "--json").json()[0]["status"] == "interrupted"
+    assert project.run("resume", "hup1", env={"SLOW": ""}, timeout=120).code == 0
+
+
+def test_under_nohup_a_hang_up_changes_nothing(project: Project, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    wf = project.write("wf.yaml", f"""
+        name: nohup
+        steps:
+          - id: waits
+            for_each: [1, 2, 3]
+            run: |
+              while [ ! -e {gate} ]; do sleep 0.05; done
+              echo done > out/done.txt
+    """)
+    p = subprocess.Popen(["nohup", *project.cmd("run", str(wf), "--run-id", "hup2",
+                                                "--sandbox", "none")],
+                         cwd=project.path, env=project.env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                         start_new_session=True)
+    try:
+        assert _wait((project.item("hup2", "waits", 0) / "work").exists, 60)
+        os.killpg(p.pid, signal.SIGHUP)
+        gate.touch()
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 0, err
+    assert project.run("runs", "--json").json()[0]["status"] == "succeeded"

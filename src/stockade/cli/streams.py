@@ -1,9 +1,9 @@
 """Standard output and error that outlive their reader, for ``run`` and ``resume``.
 
-``stockade run wf.yaml | head``, a log collector that dies, a closed SSH
-session's pipe: a write then fails with ``BrokenPipeError``. For a command
-that only reads (``runs``, ``show``) that ends the command, and rightly. For
-a run it must not: the progress is a view, the store holds the truth, and a
+``stockade run wf.yaml | head``, a log collector that dies, a terminal that
+hung up: a write then fails (``BrokenPipeError``, or ``EIO`` on the tty).
+For a command that only reads (``runs``, ``show``) that ends the command,
+and rightly. For a run it must not: the progress is a view, the store holds the truth, and a
 run killed by its view is lost work shown as "crashed". ``outlive_readers``
 swaps ``sys.stdout`` and ``sys.stderr`` for streams that, once their reader
 is gone, point their descriptor at ``/dev/null`` and go on, so the run
@@ -30,7 +30,7 @@ class Outliving:
         if not self.gone:
             try:
                 return self._inner.write(text)
-            except BrokenPipeError:
+            except OSError:
                 self._reader_gone()
         return len(text)
 
@@ -38,7 +38,7 @@ class Outliving:
         if not self.gone:
             try:
                 self._inner.flush()
-            except BrokenPipeError:
+            except OSError:
                 self._reader_gone()
 
     def _reader_gone(self) -> None:

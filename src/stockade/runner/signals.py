@@ -1,9 +1,12 @@
-"""SIGINT and SIGTERM during a run: a count and a call into the engine, never an exception.
+"""SIGINT, SIGTERM and SIGHUP during a run: a count and a call into the
+engine, never an exception.
 
 Raising ``KeyboardInterrupt`` wherever the main thread happens to be could
 leave a lock held; the engine instead turns the call into an ``Interrupt``
-event on its own loop (``runner.engine``). Must not import the engine or
-the CLI.
+event on its own loop (``runner.engine``). SIGHUP (the terminal went away)
+interrupts the same way, so the run ends recorded as interrupted rather than
+killed mid-write; under ``nohup`` (SIGHUP ignored) it stays ignored. Must not
+import the engine or the CLI.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from stockade import _pending
 
 
 class Interrupts:
-    """SIGINT and SIGTERM set a flag and call the engine, instead of raising anywhere."""
+    """SIGINT, SIGTERM and SIGHUP set a flag and call the engine, instead of raising anywhere."""
 
     def __init__(self) -> None:
         # A Ctrl-C whose KeyboardInterrupt Python dropped (``stockade._pending``)
@@ -38,14 +41,16 @@ class Interrupts:
 
 @contextmanager
 def signals_to(handler: Interrupts) -> Iterator[None]:
-    """SIGINT and SIGTERM go to ``handler`` for the block (on the main thread,
-    the only one Python delivers signals to; elsewhere nothing changes)."""
+    """SIGINT, SIGTERM and SIGHUP go to ``handler`` for the block (on the main
+    thread, the only one Python delivers signals to; elsewhere nothing
+    changes). SIGHUP ignored when the block begins (``nohup``) stays so."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s in previous:
-        signal.signal(s, handler)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    for s, was in previous.items():
+        if s is not signal.SIGHUP or was is not signal.SIG_IGN:
+            signal.signal(s, handler)
     try:
         yield
     finally:
