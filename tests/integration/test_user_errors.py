@@ -3,6 +3,7 @@ and nothing executed or written."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -261,3 +262,39 @@ def test_a_root_that_cannot_be_made_is_named(project: Project) -> None:
     assert r.err.strip() == (
         "error: cannot make the run store's folder /proc/stockade-root: No such file or "
         "directory; choose another root (--root, $STOCKADE_HOME) or store ($STOCKADE_STORE)")
+
+
+@pytest.mark.parametrize(
+    ("call", "why"),
+    [
+        ("file('link.txt')", "link.txt is a symlink, not a regular file"),
+        ("file('linked/a.txt')", "linked is a symlink, not a folder"),
+        ("file('hard.txt')", "hard.txt is a hard link (2 names)"),
+        ("tree('linked')", "linked is a symlink, not a folder"),
+    ],
+)
+def test_a_host_path_the_run_would_refuse_is_refused_at_its_line(
+        project: Project, call: str, why: str) -> None:
+    """file() and tree() read through no symlink and no second name; validate
+    and run say so at the template's line before anything starts, as for a
+    missing file (they used to pass such a path and fail at run start without
+    a position)."""
+    (project.path / "real").mkdir()
+    (project.path / "real" / "a.txt").write_text("a")
+    (project.path / "link.txt").symlink_to("real/a.txt")
+    (project.path / "linked").symlink_to("real")
+    os.link(project.path / "real" / "a.txt", project.path / "hard.txt")
+    wf = project.write("wf.yaml", f"""
+        name: x
+        steps:
+          - id: a
+            inputs:
+              x: "{{{{ {call} }}}}"
+            run: cat x
+    """)
+    for command in ("validate", "run"):
+        r = project.run(command, str(wf))
+        assert r.code == 2, r.err
+        [line] = r.err.splitlines()
+        assert line.startswith(f"{wf}:6:") and f"{call}: {why}" in line, line
+    assert not (project.root / "runs").exists()

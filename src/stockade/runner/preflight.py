@@ -27,6 +27,7 @@ from stockade.expr import ExprError, RenderError, compile_template, render
 from stockade.runner.keys import check_key, key_problem
 from stockade.spec import Spec
 from stockade.spec.model import Step
+from stockade.workspace.host import host_path_problem
 
 
 def preflight(spec: Spec, base: Path, env: Mapping[str, str] | None) -> list[Problem]:
@@ -39,11 +40,13 @@ def preflight(spec: Spec, base: Path, env: Mapping[str, str] | None) -> list[Pro
 
     for path, template in spec.templates().items():
         for rel in template.files:
-            why = _host_path_problem(base, rel, want_dir=False)
+            why = (_host_path_problem(base, rel, want_dir=False)
+                   or host_path_problem(base, rel, tree=False))
             if why:
                 add(path, f"file({rel!r}): {why}")
         for rel in template.trees:
-            why = _host_path_problem(base, rel, want_dir=True)
+            why = (_host_path_problem(base, rel, want_dir=True)
+                   or host_path_problem(base, rel, tree=True))
             if why:
                 add(path, f"tree({rel!r}): {why}")
     for j, mount in enumerate(spec.workflow.mounts):

@@ -82,6 +82,23 @@ def _open_host_file(base: Path, rel: str) -> int:
         return w.open_file(rel)[0]
 
 
+def host_path_problem(base: Path, rel: str, *, tree: bool) -> str | None:
+    """Why ``file(rel)`` (or ``tree(rel)``) would be refused at run start, in
+    the words the run would use, or None. Opens the path as the run does (a
+    symlink on the way, a hard link) and reads nothing."""
+    try:
+        if tree:
+            with _tree_root(base, rel):
+                return None
+        os.close(_open_host_file(base, rel))
+    except Refused as r:
+        return f"{r.why}; file() reads only a regular file below the workflow's folder, " \
+               "through no symlink"
+    except UserError as exc:
+        return str(exc).split(": ", 1)[-1]
+    return None
+
+
 @dataclass(frozen=True)
 class HostFile:
     """A regular file below the workflow's folder, fingerprinted at run start."""
