@@ -257,6 +257,23 @@ def test_render_errors_are_fast(source: str, message: str) -> None:
     assert time.process_time() - start < 2
 
 
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        # The template functions' own refusals read as written, without a class name.
+        ("{{ from_json('{bad') }}", "from_json: not valid JSON (Expecting property name "
+                                    "enclosed in double quotes at line 1 column 2)"),
+        ("{{ from_json(3) }}", "from_json needs text or a file, got a number"),
+        # Python's own errors keep theirs: the name is the message's first word.
+        ("{{ 1 / 0 }}", "ZeroDivisionError: division by zero"),
+    ],
+)
+def test_render_error_messages(source: str, message: str) -> None:
+    with pytest.raises(RenderError) as info:
+        r(source)
+    assert info.value.message == message
+
+
 def test_unknown_roots_at_render_time_name_the_root() -> None:
     t = compile_template("{{ item.value }}")
     with pytest.raises(RenderError, match="item"):

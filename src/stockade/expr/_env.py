@@ -62,6 +62,11 @@ def reset_weigher(token: object) -> None:
     _weigher.reset(token)  # type: ignore[arg-type]
 
 
+class FunctionRefused(ValueError):
+    """A template function refused its argument; the message names the
+    function and what is wrong, so it is shown without a class name."""
+
+
 def _text_of(value: Any, what: str) -> str:
     if isinstance(value, str):
         return value
@@ -70,7 +75,7 @@ def _text_of(value: Any, what: str) -> str:
         if len(text) > MAX_OUTPUT:
             raise CapExceeded(f"{what}: input of {len(text):,} characters (limit {MAX_OUTPUT:,})")
         return text
-    raise TypeError(f"{what} needs text or a file, got {type_name(value)}")
+    raise FunctionRefused(f"{what} needs text or a file, got {type_name(value)}")
 
 
 def type_name(value: Any) -> str:
@@ -102,9 +107,9 @@ def from_json(value: Any) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"from_json: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+        raise FunctionRefused(f"from_json: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
     except RecursionError:
-        raise ValueError("from_json: JSON nested too deeply") from None
+        raise FunctionRefused("from_json: JSON nested too deeply") from None
 
 
 def _json_default(obj: Any) -> Any:
@@ -115,7 +120,7 @@ def _json_default(obj: Any) -> Any:
         obj._fail_with_undefined_error()
     if isinstance(obj, (set, frozenset)):
         return sorted(obj, key=repr)
-    raise TypeError(f"to_json: cannot serialise {type_name(obj)}")
+    raise FunctionRefused(f"to_json: cannot serialise {type_name(obj)}")
 
 
 def to_json(value: Any) -> str:
@@ -129,7 +134,7 @@ def to_json(value: Any) -> str:
         text = json.dumps(escape_data(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                           default=_json_default, allow_nan=False)
     except RecursionError:
-        raise ValueError("to_json: value nested too deeply") from None
+        raise FunctionRefused("to_json: value nested too deeply") from None
     if len(text) > MAX_OUTPUT:
         raise CapExceeded(f"to_json: {len(text):,} characters (limit {MAX_OUTPUT:,})")
     return text

@@ -25,6 +25,7 @@ from stockade.expr._env import (
     ALLOWED_KEY,
     BUILTIN_FUNCTIONS,
     ENV,
+    FunctionRefused,
     Readable,
     new_weigher,
     reset_weigher,
@@ -331,6 +332,8 @@ def _render_values(t: Template, values: dict[str, Any], shell: bool) -> Any:
         raise RenderError("value nested too deeply") from None
     except MemoryError:
         raise RenderError("out of memory while rendering") from None
+    except FunctionRefused as exc:
+        raise RenderError(str(exc)) from None
     except Exception as exc:  # a template is user input: any failure is theirs to fix
         raise RenderError(f"{type(exc).__name__}: {exc}") from None
     finally:
