@@ -130,6 +130,8 @@ def _step(**resources: object) -> Step:
     ({"memory": "64M"}, 1, "Traceback...\nMemoryError", "exceeded memory 64M (an allocation failed)"),
     ({"memory": "64M"}, 2, "x: Cannot allocate memory", "exceeded memory 64M"),
     ({"processes": 5}, 2, "sh: fork: Resource temporarily unavailable", "exceeded processes 5"),
+    ({"processes": 5}, 2, "/bin/sh: 0: Cannot fork", "exceeded processes 5 (fork failed)"),
+    ({}, 2, "/bin/sh: 0: Cannot fork", None),
     ({}, 128 + signal.SIGXFSZ, "", None),                    # no limit set: not our limit
     ({"memory": "64M"}, 1, "some other error", None),
     ({"file_size": "1M"}, 1, "", None),

@@ -326,8 +326,10 @@ def limit_message(step: Step, code: int, tail: str) -> str | None:
                 "(the kernel sends SIGKILL at the hard limit)")
     if r.memory is not None and any(s in tail for s in _NO_MEMORY):
         return f"exceeded memory {format_size(r.memory)} (an allocation failed)"
-    if r.processes is not None and "Resource temporarily unavailable" in tail \
-            and "fork" in tail.lower():
+    lowered = tail.lower()
+    # bash: "fork: retry: Resource temporarily unavailable"; dash: "Cannot fork".
+    if r.processes is not None and "fork" in lowered and (
+            "resource temporarily unavailable" in lowered or "cannot fork" in lowered):
         return f"exceeded processes {r.processes} (fork failed)"
     return None
 
