@@ -152,6 +152,54 @@ def test_mounts_and_images_are_checked_before_anything_runs(project: Project) ->
     assert not (project.root / "runs").exists()
 
 
+def test_mounts_that_lead_to_kernel_interfaces_or_sockets_are_refused(project: Project) -> None:
+    """A mount of /proc would show the host's processes in the jail (the jail's
+    own /proc shows only its own). Written out, /proc, /sys, /dev and /run are
+    refused with the workflow; a link that leads there, and a socket, at
+    preflight: validate and run both, before anything runs."""
+    import shutil
+    import socket
+    import tempfile
+
+    (project.path / "procs").symlink_to("/proc/self")
+    # In a short folder of its own: a socket's path must fit in 108 bytes.
+    short = Path(tempfile.mkdtemp(prefix="stk", dir="/tmp"))
+    sock = short / "s.sock"
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(str(sock))
+    written = project.write("written.yaml", """
+        name: iface
+        steps:
+          - id: a
+            mounts: [/proc]
+            run: cat /proc/1/cmdline
+    """)
+    led = project.write("led.yaml", f"""
+        name: iface
+        steps:
+          - id: a
+            mounts: [procs, {sock}]
+            run: cat /proc/1/cmdline
+    """)
+    try:
+        for command in ("validate", "run"):
+            r = project.run(command, str(written))
+            assert (r.code, r.err.splitlines()) == (2, [
+                f"{written}:5:14: mounts[0] '/proc' of step 'a' is /proc: mounted, the jail "
+                "would see the host's processes and their command lines; mount the "
+                "toolchain's own folder (a venv, /opt/tool)"]), r.err
+            r = project.run(command, str(led))
+            assert r.code == 2, r.err
+            first, second = r.err.splitlines()
+            assert first.startswith(f"{led}:5:14: mounts: procs: leads to /proc/"), first
+            assert second == (f"{led}:5:21: mounts: {sock}: is a socket: a jailed step could "
+                              "talk to whatever listens on it; mount the toolchain's own folder")
+        assert not (project.root / "runs").exists()
+    finally:
+        listening.close()
+        shutil.rmtree(short)
+
+
 def image_sources(project: Project) -> dict[str, str]:
     rootfs = busybox_rootfs(project.path / "images" / "rootfs")
     (rootfs / "etc" / "os-release").write_text("NAME=test-busybox\n")

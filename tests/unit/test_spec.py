@@ -11,6 +11,7 @@ import pytest
 
 from stockade.errors import UserError
 from stockade.spec import Spec, json_schema, load_workflow
+from stockade.spec.checks import interface_mount
 
 CASES = Path(__file__).parent / "cases"
 EXPECT = re.compile(r"^# expect: (\d+):(\d+): (.+)$", re.M)
@@ -382,3 +383,14 @@ def test_mutated_workflows_never_raise_anything_but_user_error(seed: int) -> Non
         except UserError as exc:
             assert exc.problems
             assert all(p.line >= 1 and p.col >= 1 and p.message for p in exc.problems)
+
+
+@pytest.mark.parametrize(("path", "top"), [
+    ("/proc", "/proc"), ("/proc/1/root", "/proc"), ("/sys", "/sys"), ("/dev/shm", "/dev"),
+    ("/run", "/run"), ("/run/user/0", "/run"),
+    ("/procedures", None), ("/devices", None), ("/opt/run", None), ("/usr/lib/python3", None),
+    ("/", None),  # refused on its own, as the whole host
+])
+def test_kernel_and_service_interfaces_are_not_mounts(path: str, top: str | None) -> None:
+    got = interface_mount(path)
+    assert (got[0] if got else None) == top

@@ -26,6 +26,7 @@ from stockade.errors import Problem, UserError
 from stockade.expr import ExprError, RenderError, compile_template, render
 from stockade.runner.keys import check_key, key_problem
 from stockade.spec import Spec
+from stockade.spec.checks import interface_mount
 from stockade.spec.model import Step
 from stockade.workspace.host import host_path_problem
 
@@ -50,11 +51,11 @@ def preflight(spec: Spec, base: Path, env: Mapping[str, str] | None) -> list[Pro
             if why:
                 add(path, f"tree({rel!r}): {why}")
     for j, mount in enumerate(spec.workflow.mounts):
-        if (why := _toolchain_problem(base, mount)) is not None:
+        if (why := _toolchain_problem(base, mount) or _mount_problem(base, mount)) is not None:
             add(("mounts", j), f"mounts: {mount}: {why}")
     for i, step in enumerate(spec.workflow.steps):
         for j, mount in enumerate(step.mounts):
-            if (why := _toolchain_problem(base, mount)) is not None:
+            if (why := _toolchain_problem(base, mount) or _mount_problem(base, mount)):
                 add(("steps", i, "mounts", j), f"mounts: {mount}: {why}")
         if step.image is not None and (why := _toolchain_problem(base, step.image)) is not None:
             add(("steps", i, "image"), f"image: {step.image}: {why}")
@@ -132,6 +133,24 @@ def _host_path_problem(base: Path, rel: str, *, want_dir: bool) -> str | None:
         return f"is not a folder ({target})"
     if not want_dir and not stat.S_ISREG(st.st_mode):
         return f"is not a regular file ({target})"
+    return None
+
+
+def _mount_problem(base: Path, declared: str) -> str | None:
+    """Why the host path of a ``mounts:`` entry cannot be mounted where it
+    leads (a link to /proc, /sys, /dev or /run; a socket), or None. The path
+    as written is checked with the workflow (``spec.checks.interface_mount``)."""
+    absolute = os.path.normpath(declared if declared.startswith("/") else base / declared)
+    real = os.path.realpath(absolute)
+    if real != absolute and (inside := interface_mount(real)) is not None:
+        top, why = inside
+        return f"leads to {real}{'' if real == top else f', in {top}'}: {why}"
+    try:
+        if stat.S_ISSOCK(os.stat(real).st_mode):
+            return ("is a socket: a jailed step could talk to whatever listens on it; mount "
+                    "the toolchain's own folder")
+    except OSError:
+        return None  # the caller names what is missing
     return None
 
 

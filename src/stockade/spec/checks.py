@@ -84,6 +84,23 @@ def bad_host_path(path: str) -> str | None:
     return None
 
 
+#: Host folders that are interfaces of the kernel or of the host's services,
+#: never a toolchain, and what a jail that mounted one would see.
+_INTERFACES = {"/proc": "the host's processes and their command lines",
+               "/sys": "the host's kernel settings and devices",
+               "/dev": "the host's devices", "/run": "the host's service sockets"}
+
+
+def interface_mount(norm: str) -> tuple[str, str] | None:
+    """For a normalised absolute path that is, or lies in, /proc, /sys, /dev or
+    /run: that folder and why a jail must not mount it; else None."""
+    for top, what in _INTERFACES.items():
+        if norm == top or norm.startswith(top + "/"):
+            return top, (f"mounted, the jail would see {what}; mount the toolchain's own "
+                         "folder (a venv, /opt/tool)")
+    return None
+
+
 def bad_relative(path: str) -> str | None:
     """Why ``path`` cannot name something below the workflow folder, or None."""
     if not path:
@@ -349,6 +366,10 @@ class Checker:
             elif norm == "/":
                 self.add(pos, f"mounts[{j}] of {label} is /, the whole host: mount the "
                               "toolchain's own folder (a venv, /opt/tool)")
+            elif (inside := interface_mount(norm)) is not None:
+                top, why = inside
+                where = top if norm == top else f"in {top}"
+                self.add(pos, f"mounts[{j}] {path!r} of {label} is {where}: {why}")
             elif norm in seen:
                 self.add(pos, f"mounts[{j}] {path!r} of {label} is listed twice "
                               f"(first as mounts[{seen[norm]}])")
