@@ -356,6 +356,12 @@ def test_tampered_artifact_fails_the_consumer(project: Project) -> None:
     assert r.code == 0, r.err
     assert (project.item("t1", "a") / "work/out/x.txt").read_text() == "original\n"
     assert (project.item("t1", "b") / "work/x.txt").read_text() == "original\n"
+    # The rerun is said, with its reason: a changed output is news to the operator.
+    assert "a/0: out/x.txt no longer matches the sha256 recorded when it was made; it runs " \
+           "again" in r.err, r.err
+    (project.item("t1", "a") / "work/out/x.txt").unlink()
+    r = project.run("resume", "t1")
+    assert r.code == 0 and "a/0: out/x.txt is gone; it runs again" in r.err, r.err
 
 
 def test_sigint_interrupts_cleanly_with_130(project: Project) -> None:

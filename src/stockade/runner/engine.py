@@ -177,7 +177,8 @@ class Engine:
     def execute(self) -> RunSummary:
         if self.resume:
             kinds = {s.id: s.kind for s in self.spec.workflow.steps}
-            self.verified = verified_items(self.run, self.store, kinds, self.ctx.clock)
+            self.verified = verified_items(self.run, self.store, kinds, self.ctx.clock,
+                                           self.reporter.echo)
         with collector_paced():
             return self._execute()
 

@@ -19,32 +19,40 @@ from stockade.workspace.layout import ItemDir, RunDir
 
 
 def verified_items(run: RunDir, store: Store, kinds: dict[str, str],
-                   clock: Callable[[], float]) -> dict[tuple[str, int], ItemRecord]:
-    """The succeeded items whose records and files still verify; the rest are forgotten."""
+                   clock: Callable[[], float],
+                   say: Callable[[str], None] = lambda line: None,
+                   ) -> dict[tuple[str, int], ItemRecord]:
+    """The succeeded items whose records and files still verify; the rest are
+    forgotten, and ``say`` is told which and why (they run again)."""
     kept: dict[tuple[str, int], ItemRecord] = {}
     for rec in store.items(run.run_id):
         if rec.status != ItemStatus.SUCCEEDED or kinds.get(rec.step) in (None, "keep"):
             continue
-        if verifies(run, rec):
+        why = unverified(run, rec)
+        if why is None:
             kept[(rec.step, rec.item)] = rec
         else:
             store.forget_item(rec.run_id, rec.step, rec.item)
             store.add_event(Event(run.run_id, clock(), "unverified",
-                                  {"step": rec.step, "item": rec.item}))
+                                  {"step": rec.step, "item": rec.item, "why": why}))
+            say(f"{rec.step}/{rec.label}: {why}; it runs again")
     return kept
 
 
-def verifies(run: RunDir, rec: ItemRecord) -> bool:
+def unverified(run: RunDir, rec: ItemRecord) -> str | None:
+    """Why a succeeded item's recorded outputs no longer stand, or None."""
     idir = run.item(rec.step, rec.item)
-    if any(a.run_id != run.run_id for a in rec.outputs):
-        return False
-    for name, expected in ((a.name, (a.sha256, a.size)) for a in rec.outputs):
+    for a in rec.outputs:
+        if a.run_id != run.run_id:
+            return f"its record names out/{a.name} of run {a.run_id}"
         try:
-            if sha256_file(idir.out / name) != expected:
-                return False
-        except OSError:
-            return False
-    return True
+            if sha256_file(idir.out / a.name) != (a.sha256, a.size):
+                return f"out/{a.name} no longer matches the sha256 recorded when it was made"
+        except FileNotFoundError:
+            return f"out/{a.name} is gone"
+        except OSError as exc:
+            return f"out/{a.name} cannot be read ({exc.strerror or exc})"
+    return None
 
 
 def record_lost_attempts(run_id: str, step: str, index: int, idir: ItemDir, store: Store,
