@@ -11,7 +11,7 @@ import pytest
 
 from stockade.errors import UserError
 from stockade.spec import Spec, json_schema, load_workflow
-from stockade.spec.checks import interface_mount
+from stockade.spec.paths import interface_mount
 
 CASES = Path(__file__).parent / "cases"
 EXPECT = re.compile(r"^# expect: (\d+):(\d+): (.+)$", re.M)

@@ -26,8 +26,8 @@ from stockade.errors import Problem, UserError
 from stockade.expr import ExprError, RenderError, compile_template, render
 from stockade.runner.keys import check_key, key_problem
 from stockade.spec import Spec
-from stockade.spec.checks import interface_mount
 from stockade.spec.model import Step
+from stockade.spec.paths import interface_mount
 from stockade.workspace.host import host_path_problem
 
 
@@ -139,7 +139,7 @@ def _host_path_problem(base: Path, rel: str, *, want_dir: bool) -> str | None:
 def _mount_problem(base: Path, declared: str) -> str | None:
     """Why the host path of a ``mounts:`` entry cannot be mounted where it
     leads (a link to /proc, /sys, /dev or /run; a socket), or None. The path
-    as written is checked with the workflow (``spec.checks.interface_mount``)."""
+    as written is checked with the workflow (``spec.paths.interface_mount``)."""
     absolute = os.path.normpath(declared if declared.startswith("/") else base / declared)
     real = os.path.realpath(absolute)
     if real != absolute and (inside := interface_mount(real)) is not None:

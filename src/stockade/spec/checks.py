@@ -17,6 +17,7 @@ from typing import Any
 from stockade.errors import Problem
 from stockade.expr import ExprError, Template, compile_template
 from stockade.spec.messages import DataPath, step_label
+from stockade.spec.paths import bad_host_path, bad_relative, interface_mount
 from stockade.spec.sinkurl import SinkUrlError, parse_sink_url
 
 Pos = tuple[int, int]
@@ -63,57 +64,6 @@ def _slot(rel: DataPath) -> str:
     for el in rel:
         out += f"[{el}]" if isinstance(el, int) else (f".{el}" if out else el)
     return out
-
-
-def bad_host_path(path: str) -> str | None:
-    """Why ``path`` cannot name a host path for ``mounts:`` or ``image:``, or None.
-
-    Absolute, or relative to the workflow file (``..`` allowed: a toolchain
-    often sits next to the project, not in it).
-    """
-    if not path.strip():
-        return "is empty"
-    if "\x00" in path:
-        return "contains a NUL byte"
-    if "{{" in path:
-        return "is a template; mounts: and image: are literal paths, checked before the run"
-    if path.startswith("~"):
-        return "starts with '~', which is not expanded; write the absolute path"
-    if "\\" in path:
-        return "contains a backslash; use '/'"
-    return None
-
-
-#: Host folders that are interfaces of the kernel or of the host's services,
-#: never a toolchain, and what a jail that mounted one would see.
-_INTERFACES = {"/proc": "the host's processes and their command lines",
-               "/sys": "the host's kernel settings and devices",
-               "/dev": "the host's devices", "/run": "the host's service sockets"}
-
-
-def interface_mount(norm: str) -> tuple[str, str] | None:
-    """For a normalised absolute path that is, or lies in, /proc, /sys, /dev or
-    /run: that folder and why a jail must not mount it; else None."""
-    for top, what in _INTERFACES.items():
-        if norm == top or norm.startswith(top + "/"):
-            return top, (f"mounted, the jail would see {what}; mount the toolchain's own "
-                         "folder (a venv, /opt/tool)")
-    return None
-
-
-def bad_relative(path: str) -> str | None:
-    """Why ``path`` cannot name something below the workflow folder, or None."""
-    if not path:
-        return "is empty"
-    if "\x00" in path:
-        return "contains a NUL byte"
-    if path.startswith("/") or path.startswith("\\") or (len(path) > 1 and path[1] == ":"):
-        return "is absolute"
-    if "\\" in path:
-        return "contains a backslash; use '/'"
-    if ".." in path.split("/"):
-        return "contains '..'"
-    return None
 
 
 class Checker:
