@@ -92,9 +92,10 @@ def _yaml_problem(filename: str, exc: YAMLError, text: str) -> Problem:
     if not isinstance(exc, MarkedYAMLError):
         return Problem(filename, 1, 1, f"YAML syntax: {exc}")
     mark = exc.problem_mark or exc.context_mark
+    line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
     message = exc.problem or exc.context or "invalid YAML"
     if "\\t" in message or "\t" in message:
-        return Problem(filename, mark.line + 1 if mark else 1, mark.column + 1 if mark else 1,
+        return Problem(filename, line, col,
                        "YAML syntax: tab character: YAML indents with spaces only")
     if (exc.context == "while scanning a quoted scalar" and exc.context_mark is not None
             and "end of stream" in (exc.problem or "")):
@@ -103,7 +104,6 @@ def _yaml_problem(filename: str, exc: YAMLError, text: str) -> Problem:
                        "YAML syntax: this quote is never closed (the file ends inside it)")
     if exc.context and exc.problem:
         message = f"{exc.problem} ({exc.context})"
-    line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
     lines = text.splitlines()
     at = lines[line - 1] if 0 < line <= len(lines) else ""
     key = _KEY_START.match(at)
