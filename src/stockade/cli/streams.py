@@ -3,11 +3,12 @@
 ``stockade run wf.yaml | head``, a log collector that dies, a terminal that
 hung up: a write then fails (``BrokenPipeError``, or ``EIO`` on the tty).
 For a command that only reads (``runs``, ``show``) that ends the command,
-and rightly. For a run it must not: the progress is a view, the store holds the truth, and a
-run killed by its view is lost work shown as "crashed". ``outlive_readers``
-swaps ``sys.stdout`` and ``sys.stderr`` for streams that, once their reader
-is gone, point their descriptor at ``/dev/null`` and go on, so the run
-finishes, records its outcome and exits with its own status.
+and rightly. For a run it must not: the progress is a view, the store holds
+the truth, and a run killed by its view is lost work shown as "crashed".
+``outlive_readers`` swaps ``sys.stdout`` and ``sys.stderr`` for streams
+that, once their reader is gone, point their descriptor at ``/dev/null``
+and go on, so the run finishes, records its outcome and exits with its own
+status.
 
 Imports nothing of stockade.
 """
