@@ -55,7 +55,7 @@ def preflight(spec: Spec, base: Path, env: Mapping[str, str] | None) -> list[Pro
             add(("mounts", j), f"mounts: {mount}: {why}")
     for i, step in enumerate(spec.workflow.steps):
         for j, mount in enumerate(step.mounts):
-            if (why := _toolchain_problem(base, mount) or _mount_problem(base, mount)):
+            if (why := _toolchain_problem(base, mount) or _mount_problem(base, mount)) is not None:
                 add(("steps", i, "mounts", j), f"mounts: {mount}: {why}")
         if step.image is not None and (why := _toolchain_problem(base, step.image)) is not None:
             add(("steps", i, "image"), f"image: {step.image}: {why}")
