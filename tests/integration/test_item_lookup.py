@@ -133,3 +133,56 @@ def test_what_is_not_there_is_named_with_what_is(reads: list[str | None], args: 
     assert message in out
     assert "Traceback" not in out
     assert None not in reads and "fan" not in reads
+
+
+def test_a_running_item_can_be_followed(tmp_path: Path) -> None:
+    """``show``, ``logs`` and ``why`` of an item that began and has no record
+    yet: it is named by its key as the run's item_keys event gives it, shown
+    as running, and its output so far is read from its capture."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    gate = tmp_path / "gate"
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(f"""name: live
+steps:
+  - id: slow
+    for_each: [first, second]
+    run: |
+      echo before the gate
+      while [ ! -e {gate} ]; do sleep 0.05; done
+      echo after the gate
+""")
+    env = {**os.environ, "STOCKADE_HOME": str(tmp_path / "home")}
+    run = subprocess.Popen([sys.executable, "-m", "stockade.cli.main", "run", str(wf),
+                            "--run-id", "live1", "--sandbox", "none"], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        capture = tmp_path / "home/runs/live1/slow/1/meta/1.out"
+        deadline = time.monotonic() + 120
+        while not (capture.exists() and capture.read_bytes()):
+            assert run.poll() is None and time.monotonic() < deadline, "the item never began"
+            time.sleep(0.05)
+        runner = CliRunner(env={"STOCKADE_HOME": str(tmp_path / "home")})
+        shown = runner.invoke(cli, ["logs", "live1", "slow/second"])
+        assert (shown.exit_code, shown.stdout) == (0, "before the gate\n")
+        shown = runner.invoke(cli, ["show", "live1", "slow/second"])
+        assert shown.exit_code == 0
+        assert shown.stdout.splitlines() == [
+            "slow/second  (item #1 of run live1, step kind run)",
+            "  status running",
+            "  attempt 1: running",
+            "  logs: stockade logs live1 slow/second [--stderr] [--attempt N]",
+        ]
+        why = runner.invoke(cli, ["why", "live1", "slow/#1"])
+        assert (why.exit_code, why.stderr) == (
+            2, "slow/second is running (attempt 1): its outputs and provenance are recorded "
+               "when an attempt ends\n")
+    finally:
+        gate.touch()
+        assert run.wait(timeout=120) == 0
+    shown = CliRunner(env={"STOCKADE_HOME": str(tmp_path / "home")}).invoke(
+        cli, ["logs", "live1", "slow/second"])
+    assert shown.stdout == "before the gate\nafter the gate\n"

@@ -23,7 +23,7 @@ from stockade._show import duration, when
 from stockade.cli.main import _root, friendly, json_option, root_option
 from stockade.errors import UserError
 from stockade.runner import history
-from stockade.runner.runs import resolve_item, resolve_run, state
+from stockade.runner.runs import find_item, resolve_run, state
 from stockade.runner.status import RunStatus
 from stockade.store.base import Store
 
@@ -113,7 +113,7 @@ def show(run_id: str, target: str | None, root: str | None, show_all: bool, as_j
                 _print_header(view)
                 _print_step(view, target, show_all=True)
         return
-    item = resolve_item(store, record.run_id, target, steps=view.step_ids)
+    item = find_item(store, record, target, steps=view.step_ids)
     detail = history.item_view(store, record, item)
     if as_json:
         out = {"run": {**record.__dict__, "status": str(view.status)}, **detail.to_json()}
@@ -259,6 +259,9 @@ def _print_item(view: history.RunView, d: history.ItemView) -> None:
                    + (f"  exit {a.exit_code}" if a.exit_code is not None else "")
                    + (f"  on worker {worker.get('name')}" if worker else "")
                    + (f"  {a.message}" if a.message else ""))
+    if rec.status in ("running", "lost") and all(a.attempt != rec.attempt for a in d.attempts):
+        click.echo(f"  attempt {rec.attempt}: {rec.status}"
+                   + (f"  {rec.message}" if rec.message else ""))
     if rec.usage:
         click.echo(f"  tokens: {_tokens(rec.usage)}")
     for o in rec.outputs:
@@ -271,7 +274,7 @@ def _print_item(view: history.RunView, d: history.ItemView) -> None:
         click.echo("  last lines of stderr:")
         for line in d.tail.splitlines():
             click.echo(f"    {line}")
-    if d.kind in ("run", "agent") and d.attempts:
+    if d.kind in ("run", "agent") and (d.attempts or rec.status in ("running", "lost")):
         click.echo(f"  logs: stockade logs {view.record.run_id} "
                    f"{shlex.quote(f'{rec.step}/{rec.label}')} [--stderr] [--attempt N]")
 
@@ -289,7 +292,7 @@ def logs(run_id: str, target: str, attempt: int | None, which: str, root: str | 
     store = _store(_root(root).resolve())
     record = resolve_run(store, run_id)
     view = history.run_summary(store, record, 0)
-    item = resolve_item(store, record.run_id, target, steps=view.step_ids)
+    item = find_item(store, record, target, steps=view.step_ids)
     kind = view.kinds.get(item.step, "")
     data = history.log(store, record, item, which, attempt, kind=kind)
     sys.stdout.buffer.write(data)
@@ -319,7 +322,7 @@ def why(run_id: str, target: str, output: str | None, root: str | None, as_json:
     store = _store(_root(root).resolve())
     record = resolve_run(store, run_id)
     view = history.run_summary(store, record, 0)
-    item = resolve_item(store, record.run_id, target, steps=view.step_ids)
+    item = find_item(store, record, target, steps=view.step_ids)
     chain = history.provenance_chain(store, record, item, output,
                                      kind=view.kinds.get(item.step, ""))
     if as_json:

@@ -313,6 +313,9 @@ def provenance_chain(store: Store, record: RunRecord, item: ItemRecord, output: 
     if not item.attempt:
         why = f" ({item.status}: {item.message})" if item.message else f" ({item.status})"
         raise UserError(f"{label} never ran{why}, so it has no outputs and no provenance")
+    if item.status in ("running", "lost"):
+        raise UserError(f"{label} is {item.status} (attempt {item.attempt}): its outputs and "
+                        "provenance are recorded when an attempt ends")
     return _chain(store, record.run_id, item.step, item.item, name, 0, set(), max_items)
 
 

@@ -152,6 +152,46 @@ def resolve_item(store: Store, run_id: str, text: str, *, steps: Sequence[str] =
     raise UserError(f"run {run_id} has no item {text!r} (keys of {addr.step}: {keys})")
 
 
+def find_item(store: Store, record: RunRecord, text: str, *,
+              steps: Sequence[str] = ()) -> ItemRecord:
+    """The item ``text`` names: its record, or else, for an item that began
+    and has no record yet, one made from what is on disk (``running`` while
+    the engine lives, ``lost`` after it died), so ``show`` and ``logs`` can
+    follow it."""
+    try:
+        return resolve_item(store, record.run_id, text, steps=steps)
+    except UserError:
+        found = unfinished_item(store, record, text)
+        if found is None:
+            raise
+        return found
+
+
+def unfinished_item(store: Store, record: RunRecord, text: str) -> ItemRecord | None:
+    """A record for the item ``text`` names if it began and has none yet, else None."""
+    addr = parse_item(text)
+    keys: list[str] | None = None
+    for event in store.events_of([record.run_id], ["item_keys"]):
+        if event.data.get("step") == addr.step:
+            keys = [str(k) for k in event.data.get("keys") or []]
+    index = addr.index
+    if index is None and addr.key is None:
+        index = 0 if keys is None or len(keys) == 1 else None
+    elif index is None and addr.key is not None:
+        index = keys.index(addr.key) if keys and addr.key in keys else (
+            int(addr.key) if addr.key.isdigit() else None)
+    if index is None:
+        return None
+    attempts = RunDir(Path(record.root), record.run_id).item(addr.step, index).attempt_numbers()
+    if not attempts:
+        return None
+    live = state(record) is RunStatus.RUNNING
+    key = keys[index] if keys is not None and 0 <= index < len(keys) else str(index)
+    return ItemRecord(record.run_id, addr.step, index, "running" if live else "lost",
+                      attempts[-1], key=key,
+                      message="" if live else "the engine stopped during this attempt")
+
+
 def retention(runs: Sequence[RunRecord], *, keep: int | None, older_than: float | None,
               now: float) -> list[RunRecord]:
     """Runs ``gc`` deletes: beyond the newest ``keep``, or started before ``now - older_than``.
