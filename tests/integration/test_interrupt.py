@@ -75,8 +75,8 @@ def _workflow(project: Project, marker: str) -> Path:
     """)
 
 
-def _interrupt(project: Project, wf: Path, run_id: str, *,
-               delay: float | None) -> tuple[int, float, str]:
+def _interrupt(project: Project, wf: Path, run_id: str, *, delay: float | None,
+               sig: signal.Signals = signal.SIGINT) -> tuple[int, float, str]:
     p = project.popen("run", str(wf), "--run-id", run_id, "--jobs", "4", env={"SLOW": "yes"})
     if delay is None:
         # The moment the first item's work/ appears.
@@ -85,7 +85,7 @@ def _interrupt(project: Project, wf: Path, run_id: str, *,
     else:
         time.sleep(delay)
     sent = time.monotonic()
-    os.killpg(p.pid, signal.SIGINT)
+    os.killpg(p.pid, sig)
     try:
         _, err = p.communicate(timeout=EXIT_BOUND + 30)
     except Exception:
@@ -203,15 +203,8 @@ def test_a_terminal_hang_up_ends_the_run_as_interrupted(project: Project) -> Non
     resumable, as for Ctrl-C; not killed mid-write and left as crashed."""
     marker = f"300.{secrets.randbelow(10**8):08d}"
     wf = _workflow(project, marker)
-    p = project.popen("run", str(wf), "--run-id", "hup1", "--jobs", "4", env={"SLOW": "yes"})
-    assert _wait((project.item("hup1", "sleepers", 0) / "work").exists, 60)
-    os.killpg(p.pid, signal.SIGHUP)
-    try:
-        _, err = p.communicate(timeout=EXIT_BOUND + 30)
-    except Exception:
-        os.killpg(p.pid, signal.SIGKILL)
-        raise
-    assert p.returncode == 130, err
+    code, _, err = _interrupt(project, wf, "hup1", delay=None, sig=signal.SIGHUP)
+    assert code == 130, err
     assert _wait(lambda: not _jail_processes(marker), EXIT_BOUND)
     assert project.run("runs", "--json").json()[0]["status"] == "interrupted"
     assert project.run("resume", "hup1", env={"SLOW": ""}, timeout=120).code == 0
