@@ -176,6 +176,10 @@ steps:
             "  attempt 1: running",
             "  logs: stockade logs live1 slow/second [--stderr] [--attempt N]",
         ]
+        whole = runner.invoke(cli, ["logs", "live1", "slow"])
+        assert (whole.exit_code, whole.stderr) == (
+            2, "step 'slow' has 2 items; name one as slow/KEY or slow/#N (keys: first, "
+               "second)\n")
         why = runner.invoke(cli, ["why", "live1", "slow/#1"])
         assert (why.exit_code, why.stderr) == (
             2, "slow/second is running (attempt 1): its outputs and provenance are recorded "

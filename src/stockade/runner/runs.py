@@ -168,7 +168,8 @@ def find_item(store: Store, record: RunRecord, text: str, *,
 
 
 def unfinished_item(store: Store, record: RunRecord, text: str) -> ItemRecord | None:
-    """A record for the item ``text`` names if it began and has none yet, else None."""
+    """A record for the item ``text`` names if it began and has none yet, else
+    None; a step alone that has several items is a ``UserError`` naming them."""
     addr = parse_item(text)
     keys: list[str] | None = None
     for event in store.events_of([record.run_id], ["item_keys"]):
@@ -176,7 +177,11 @@ def unfinished_item(store: Store, record: RunRecord, text: str) -> ItemRecord | 
             keys = [str(k) for k in event.data.get("keys") or []]
     index = addr.index
     if index is None and addr.key is None:
-        index = 0 if keys is None or len(keys) == 1 else None
+        if keys is not None and len(keys) > 1:
+            shown = ", ".join(keys[:_KEYS_SHOWN]) + (", ..." if len(keys) > _KEYS_SHOWN else "")
+            raise UserError(f"step {addr.step!r} has {len(keys)} items; name one as "
+                            f"{addr.step}/KEY or {addr.step}/#N (keys: {shown})")
+        index = 0
     elif index is None and addr.key is not None:
         index = keys.index(addr.key) if keys and addr.key in keys else (
             int(addr.key) if addr.key.isdigit() else None)
