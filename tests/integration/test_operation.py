@@ -135,6 +135,15 @@ def test_empty_run_id_is_an_error(project: Project) -> None:
     assert r.code == 2 and "empty run id" in r.err
 
 
+def test_last_is_not_a_run_id(project: Project) -> None:
+    """'last' in a RUN argument is the newest run: a run named so could never be named."""
+    wf = project.write("wf.yaml", "name: e\nsteps:\n  - id: a\n    run: 'true'\n")
+    r = project.run("run", str(wf), "--run-id", "last")
+    assert (r.code, r.err.strip()) == (2, "--run-id 'last': 'last' names the newest run "
+                                          "wherever a run id is asked for; choose another id")
+    assert not (project.root / "runs").exists()
+
+
 def test_a_killed_engine_shows_crashed_with_the_resume_command(project: Project) -> None:
     wf = project.write("wf.yaml", """
         name: crashy

@@ -111,6 +111,10 @@ def _check_id(run_id: str | None, new_id: Callable[[], str]) -> str:
     if not run_id:
         raise UserError("--run-id '': an empty run id is not an id; leave --run-id out to "
                         "have one made")
+    if run_id == "last":
+        # Every RUN argument reads 'last' as the newest run: this one could not be named.
+        raise UserError("--run-id 'last': 'last' names the newest run wherever a run id is "
+                        "asked for; choose another id")
     return check_run_id(run_id)
 
 
