@@ -60,6 +60,14 @@ def test_gather_fetches_through_the_allowlist_and_nothing_else(project: Project,
     by_name = project.item("n1", "by_name") / "meta" / "1.network.jsonl"
     (entry,) = [json.loads(line) for line in by_name.read_text().splitlines()]
     assert entry["allowed"] is False and entry["reason"].startswith("resolves to loopback")
+    # A step sees only "403"; its failure says what the proxy refused, and why.
+    assert any(p.startswith("by_name/0: failed: exit status ") and p.endswith(
+        f"; the network proxy refused localhost:{server} (resolves to loopback address "
+        "127.0.0.1)") for p in s["problems"]), s["problems"]
+    assert any(p.startswith("refused/0: failed: exit status ") and p.endswith(
+        f"; the network proxy refused 127.0.0.1:{server} (not in allowlist)")
+        for p in s["problems"]), s["problems"]
+    assert not any("proxy" in p for p in s["problems"] if p.startswith("offline/"))
     # The per-item proxy credential is masked in the captures, in both forms.
     stderr = (log.parent / "1.err").read_text()
     assert "proxy=http://stockade:********@127.0.0.1:" in stderr, stderr

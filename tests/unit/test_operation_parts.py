@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from stockade.errors import UserError
 from stockade.runner.cpus import available_cpus, cgroup_quota
 from stockade.runner.keys import check_key, item_keys, key_problem
-from stockade.runner.kinds.process import limit_message, missing_outputs
+from stockade.runner.kinds.process import limit_message, missing_outputs, refused_hint
 from stockade.runner.runs import parse_age, parse_item
 from stockade.runner.views import ItemView
 from stockade.spec.model import Step
@@ -234,3 +235,17 @@ def test_dask_batches(kinds: list[str], threads: int, waiting: int, sizes: list[
     flat = [k for g in groups for k, _ in g]
     assert sorted(flat) == sorted(k for k, _ in ready)
     assert all(len(g) == 1 for g in groups if g[0][1].job.kind == "agent")
+
+
+def test_refused_hint_names_each_refusal_once_and_counts_the_rest(tmp_path: Path) -> None:
+    log = tmp_path / "1.network.jsonl"
+    assert refused_hint(log) == ""  # no log: a step without an allowlist
+    entries = [{"allowed": True, "host": "pypi.org", "port": 443}]
+    entries += [{"allowed": False, "host": h, "port": 443, "reason": "not in allowlist"}
+                for h in ("a.com", "a.com", "b.com", "c.com", "d.com")]
+    log.write_text("\n".join(json.dumps(e) for e in entries) + "\nnot json\n")
+    assert refused_hint(log) == (
+        "; the network proxy refused a.com:443 (not in allowlist), b.com:443 (not in "
+        "allowlist), c.com:443 (not in allowlist) and 1 more (meta/1.network.jsonl)")
+    log.write_text(json.dumps(entries[0]) + "\n")
+    assert refused_hint(log) == ""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import json
 import os
 import shutil
 import signal
@@ -389,6 +390,29 @@ def shared_hint(inputs: Sequence[Materialised], tail: str) -> str:
             "cannot move, rename or remove them; copy one with cp to change or hand it on)")
 
 
+def refused_hint(network_log: Path, limit: int = 3) -> str:
+    """The requests the egress proxy refused during an attempt, for the failure
+    message: a step that meets a refusal usually sees only "403 Forbidden"."""
+    try:
+        with open(network_log, "rb") as f:
+            lines = f.read(256 * 1024).splitlines()
+    except OSError:
+        return ""
+    refused: dict[str, None] = {}
+    for line in lines:
+        with contextlib.suppress(ValueError, AttributeError):
+            entry = json.loads(line)
+            if entry.get("allowed") is False:
+                refused[f"{entry.get('host')}:{entry.get('port')} "
+                        f"({entry.get('reason', 'refused')})"] = None
+    if not refused:
+        return ""
+    shown = list(refused)[:limit]
+    more = (f" and {len(refused) - limit} more (meta/{network_log.name})"
+            if len(refused) > limit else "")
+    return f"; the network proxy refused {', '.join(shown)}{more}"
+
+
 def finish(attempt: Attempt, started: float, code: int | None, timed_out: bool,
            inputs: Sequence[Materialised] = ()) -> Outcome:
     """The outcome of a finished process: outputs collected, or why it failed.
@@ -400,8 +424,11 @@ def finish(attempt: Attempt, started: float, code: int | None, timed_out: bool,
     if attempt.run.cancelled and (code is None or code != 0):
         return Outcome(AttemptStatus.INTERRUPTED, n, exit_code=code,
                        started_at=started, retryable=False)
+    proxied = isinstance(step.network, list)
+    refusals = refused_hint(attempt.dirs.meta / f"{n}.network.jsonl") if proxied else ""
     if timed_out:
-        return Outcome(AttemptStatus.FAILED, n, message=f"timed out after {step.timeout:g}s",
+        return Outcome(AttemptStatus.FAILED, n,
+                       message=f"timed out after {step.timeout:g}s{refusals}",
                        exit_code=code, started_at=started, stderr_tail=stderr_tail(attempt.stderr))
     if code != 0:
         tail = stderr_tail(attempt.stderr)
@@ -411,8 +438,8 @@ def finish(attempt: Attempt, started: float, code: int | None, timed_out: bool,
         if how is None:
             how = (f"killed by {_signal_name(sig)} (exit status {code})" if sig is not None
                    else f"exit status {code}") + shared_hint(inputs, tail)
-        return Outcome(AttemptStatus.FAILED, n, message=how, exit_code=code, started_at=started,
-                       stderr_tail=tail)
+        return Outcome(AttemptStatus.FAILED, n, message=how + refusals, exit_code=code,
+                       started_at=started, stderr_tail=tail)
     try:
         outputs = collect_outputs(attempt.dirs.out,
                                   {m.inode for m in inputs if m.inode is not None})
