@@ -1,7 +1,7 @@
 """Hand a coding step's diff to a host checkout (``stockade apply``).
 
 ``plan_apply`` finds the diff the agent session wrote
-(``meta/attempts/<n>/changes.diff``), checks that each section names only its
+(``meta/<n>/changes.diff``), checks that each section names only its
 own file, fits the paths to the checkout, resolves every target inside it
 and refuses targets the step's prompt did not name. ``execute`` applies the
 plan with ``git apply`` (checked first) and then compares ``git diff
