@@ -176,6 +176,9 @@ steps:
             "  attempt 1: running",
             "  logs: stockade logs live1 slow/second [--stderr] [--attempt N]",
         ]
+        # Both wait at the gate: the run's listing counts them, not "not started".
+        listing = runner.invoke(cli, ["show", "live1"]).stdout.splitlines()
+        assert listing[2] == "slow (run): 2 of 2 not finished", listing
         whole = runner.invoke(cli, ["logs", "live1", "slow"])
         assert (whole.exit_code, whole.stderr) == (
             2, "step 'slow' has 2 items; name one as slow/KEY or slow/#N (keys: first, "
@@ -190,3 +193,47 @@ steps:
     shown = CliRunner(env={"STOCKADE_HOME": str(tmp_path / "home")}).invoke(
         cli, ["logs", "live1", "slow/second"])
     assert shown.stdout == "before the gate\nafter the gate\n"
+
+
+def test_an_item_a_dead_engine_left_reads_as_lost(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    gate = tmp_path / "gate"
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(f"""name: dies
+steps:
+  - id: slow
+    run: |
+      echo before the end
+      while [ ! -e {gate} ]; do sleep 0.05; done
+""")
+    env = {**os.environ, "STOCKADE_HOME": str(tmp_path / "home")}
+    run = subprocess.Popen([sys.executable, "-m", "stockade.cli.main", "run", str(wf),
+                            "--run-id", "dead1", "--sandbox", "none"], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        capture = tmp_path / "home/runs/dead1/slow/0/meta/1.out"
+        deadline = time.monotonic() + 120
+        while not (capture.exists() and capture.read_bytes()):
+            assert run.poll() is None and time.monotonic() < deadline, "the item never began"
+            time.sleep(0.05)
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=60)
+    finally:
+        gate.touch()
+        if run.poll() is None:
+            run.kill()
+    runner = CliRunner(env={"STOCKADE_HOME": str(tmp_path / "home")})
+    shown = runner.invoke(cli, ["show", "dead1", "slow/0"])
+    assert shown.exit_code == 0, shown.output
+    assert shown.stdout.splitlines()[1:3] == [
+        "  status lost  the engine stopped during this attempt",
+        "  attempt 1: lost  the engine stopped during this attempt",
+    ]
+    assert "slow (run): 1 of 1 not finished" in runner.invoke(cli, ["show", "dead1"]).stdout
+    logs = runner.invoke(cli, ["logs", "dead1", "slow"])
+    assert (logs.exit_code, logs.stdout) == (0, "before the end\n")

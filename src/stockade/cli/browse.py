@@ -213,9 +213,14 @@ def _print_step(view: history.RunView, sid: str, *, show_all: bool) -> None:
     total = view.total(sid)
     counts = view.counts(sid)
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    if not summary:
-        summary = "no items (its for_each gave an empty list)" if view.started.get(sid) == 0 \
-            else "not started"
+    begun = view.started.get(sid)
+    # Items get their records as they end: a step still going (or left by a
+    # dead engine) has fewer than it started with.
+    unfinished = begun - sum(counts.values()) if begun else 0
+    if unfinished > 0:
+        summary += f"{', ' if summary else ''}{unfinished} of {begun} not finished"
+    elif not summary:
+        summary = "no items (its for_each gave an empty list)" if begun == 0 else "not started"
     kind = view.kinds.get(sid, "")
     retried = view.retries.get(sid, 0)
     extra = f", {retried} {'retry' if retried == 1 else 'retries'}" if retried else ""

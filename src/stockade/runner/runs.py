@@ -161,6 +161,9 @@ def find_item(store: Store, record: RunRecord, text: str, *,
     try:
         return resolve_item(store, record.run_id, text, steps=steps)
     except UserError:
+        # A run that ended recorded every item that began.
+        if state(record) not in (RunStatus.RUNNING, RunStatus.CRASHED):
+            raise
         found = unfinished_item(store, record, text)
         if found is None:
             raise
