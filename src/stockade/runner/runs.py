@@ -147,9 +147,13 @@ def resolve_item(store: Store, run_id: str, text: str, *, steps: Sequence[str] =
         if len(first) == 1:
             return first[0]
         total = store.step_tallies(run_id, [addr.step])[addr.step].total
-        raise UserError(f"step {addr.step!r} has {total} items; name one as "
-                        f"{addr.step}/KEY or {addr.step}/#N (keys: {keys})")
+        raise _name_one(addr.step, total, keys)
     raise UserError(f"run {run_id} has no item {text!r} (keys of {addr.step}: {keys})")
+
+
+def _name_one(step: str, total: int, keys: str) -> UserError:
+    return UserError(f"step {step!r} has {total} items; name one as {step}/KEY or {step}/#N "
+                     f"(keys: {keys})")
 
 
 def find_item(store: Store, record: RunRecord, text: str, *,
@@ -181,9 +185,8 @@ def unfinished_item(store: Store, record: RunRecord, text: str) -> ItemRecord | 
     index = addr.index
     if index is None and addr.key is None:
         if keys is not None and len(keys) > 1:
-            shown = ", ".join(keys[:_KEYS_SHOWN]) + (", ..." if len(keys) > _KEYS_SHOWN else "")
-            raise UserError(f"step {addr.step!r} has {len(keys)} items; name one as "
-                            f"{addr.step}/KEY or {addr.step}/#N (keys: {shown})")
+            raise _name_one(addr.step, len(keys), ", ".join(keys[:_KEYS_SHOWN])
+                            + (", ..." if len(keys) > _KEYS_SHOWN else ""))
         index = 0
     elif index is None and addr.key is not None:
         index = keys.index(addr.key) if keys and addr.key in keys else (
