@@ -424,8 +424,9 @@ def finish(attempt: Attempt, started: float, code: int | None, timed_out: bool,
     if attempt.run.cancelled and (code is None or code != 0):
         return Outcome(AttemptStatus.INTERRUPTED, n, exit_code=code,
                        started_at=started, retryable=False)
-    proxied = isinstance(step.network, list)
-    refusals = refused_hint(attempt.dirs.meta / f"{n}.network.jsonl") if proxied else ""
+    # Read only when the attempt failed: a step that meets a refusal sees "403".
+    refusals = (refused_hint(attempt.dirs.meta / f"{n}.network.jsonl")
+                if isinstance(step.network, list) and (timed_out or code != 0) else "")
     if timed_out:
         return Outcome(AttemptStatus.FAILED, n,
                        message=f"timed out after {step.timeout:g}s{refusals}",
