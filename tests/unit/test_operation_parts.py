@@ -5,16 +5,21 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from stockade.errors import UserError
+from stockade.errors import InfraError, UserError
+from stockade.runner.attempt import Outcome
 from stockade.runner.cpus import available_cpus, cgroup_quota
+from stockade.runner.env import Masker
 from stockade.runner.keys import check_key, item_keys, key_problem
+from stockade.runner.kinds import process
 from stockade.runner.kinds.process import limit_message, missing_outputs, refused_hint
 from stockade.runner.runs import parse_age, parse_item
+from stockade.runner.status import AttemptStatus
 from stockade.runner.views import ItemView
 from stockade.spec.model import Step
 from stockade.spec.sizes import format_size, parse_size
@@ -249,3 +254,49 @@ def test_refused_hint_names_each_refusal_once_and_counts_the_rest(tmp_path: Path
         "allowlist), c.com:443 (not in allowlist) and 1 more (meta/1.network.jsonl)")
     log.write_text(json.dumps(entries[0]) + "\n")
     assert refused_hint(log) == ""
+
+
+class _Dirs:
+    def begin_attempt(self, n: int) -> None:
+        pass
+
+    def end_attempt(self, keep_scratch: bool = False) -> None:
+        pass
+
+
+@dataclass
+class _Run:
+    cancelled: bool
+    masker: Masker = field(default_factory=lambda: Masker([]))
+
+
+@dataclass
+class _Attempt:
+    run: _Run
+    number: int = 1
+    enforced: bool = True
+    dirs: _Dirs = field(default_factory=_Dirs)
+
+    def clock(self) -> float:
+        return 5.0
+
+
+@pytest.mark.parametrize(("cancelled", "exc", "status", "message"), [
+    # Ctrl-C reached the launcher while the jail was starting: its pipe broke.
+    (True, BrokenPipeError(32, "Broken pipe"), AttemptStatus.INTERRUPTED, ""),
+    (True, InfraError("the launcher went away"), AttemptStatus.INTERRUPTED, ""),
+    (False, BrokenPipeError(32, "Broken pipe"), AttemptStatus.ERRORED, "Broken pipe"),
+    (False, PermissionError(13, "Permission denied", "/x"), AttemptStatus.ERRORED,
+     "Permission denied: /x"),
+    (False, InfraError("no bwrap"), AttemptStatus.ERRORED, "no bwrap"),
+])
+def test_a_launch_that_breaks_is_interrupted_only_during_a_cancel(
+        monkeypatch: pytest.MonkeyPatch, cancelled: bool, exc: Exception,
+        status: AttemptStatus, message: str) -> None:
+    monkeypatch.setattr(process, "attach", lambda attempt, outcome, inputs: outcome)
+
+    def body(inputs: list[object]) -> Outcome:
+        raise exc
+
+    out = process.in_jail(_Attempt(_Run(cancelled)), body)  # type: ignore[arg-type]
+    assert (out.status, out.message) == (status, message)

@@ -38,6 +38,12 @@ def error_message(exc: BaseException) -> str:
     return str(getattr(exc, "message", None) or exc)
 
 
+def os_error_text(exc: OSError) -> str:
+    """``Permission denied: /path``, or the reason alone when no path is known."""
+    reason = exc.strerror or str(exc)
+    return f"{reason}: {exc.filename}" if exc.filename else reason
+
+
 class Jails:
     """The jails running for a run, and the cancel that stops them all.
 
@@ -51,6 +57,10 @@ class Jails:
         self._lock = threading.Lock()
         self._running: dict[object, Running] = {}
         self.cancelled = threading.Event()
+        #: An interrupt arrived (set by the engine's signal handler, before its
+        #: loop cancels the jails): an attempt that ends badly from now on was
+        #: stopped (a terminal's Ctrl-C reaches the jails too), not broken.
+        self.stopping = False
         self.kill_grace = 1.0
 
     def launch(self, key: object, start: Callable[[], Running]) -> Running | None:
@@ -130,7 +140,7 @@ class RunContext:
 
     @property
     def cancelled(self) -> bool:
-        return self.jails.cancelled.is_set()
+        return self.jails.stopping or self.jails.cancelled.is_set()
 
 
 @dataclass(frozen=True)

@@ -170,6 +170,7 @@ class Engine:
 
     def interrupt(self) -> None:
         self._interrupts += 1
+        self.ctx.jails.stopping = True
         self.executor.wake()
 
     # -- the loop -------------------------------------------------------------------

@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from stockade.errors import InfraError
-from stockade.runner.attempt import ITEM_ERRORS, Attempt, Outcome, error_message, refused
+from stockade.runner.attempt import (
+    ITEM_ERRORS,
+    Attempt,
+    Outcome,
+    error_message,
+    os_error_text,
+    refused,
+)
 from stockade.runner.env import build_env
 from stockade.runner.jobs import AgentSpec, Blob, BlobMismatch, Job, JobResult, blob_of
 from stockade.runner.kinds.process import finish, network_mode, prepare, resources_of
@@ -96,7 +103,7 @@ def _failed(attempt: Attempt, started: float, inputs: list[Materialised],
         outcome = refused(attempt.number, started, masker.text(error_message(exc)))
     elif isinstance(exc, OSError):
         outcome = Outcome(AttemptStatus.ERRORED, attempt.number,
-                          message=masker.text(f"{exc.strerror}: {exc.filename}"),
+                          message=masker.text(os_error_text(exc)),
                           started_at=started)
     else:
         outcome = Outcome(AttemptStatus.ERRORED, attempt.number, message=masker.text(str(exc)),
@@ -254,7 +261,7 @@ def complete(p: Pending, result: JobResult | None, settings: RemoteSettings,
                 outcome.reuse_key = key_for(attempt, [(m.name, m.sha256) for m in p.inputs],
                                             p.env, p.action)
     except (BlobMismatch, OSError) as exc:
-        why = str(exc) if isinstance(exc, BlobMismatch) else f"{exc.strerror}: {exc.filename}"
+        why = str(exc) if isinstance(exc, BlobMismatch) else os_error_text(exc)
         outcome = Outcome(AttemptStatus.ERRORED, attempt.number, started_at=started,
                           message=masker.text(f"from worker "
                                               f"{worker['name'] if worker else '?'}: {why}"))

@@ -26,7 +26,14 @@ from typing import Any
 
 from stockade.errors import InfraError
 from stockade.expr import compile_template, render_value
-from stockade.runner.attempt import ITEM_ERRORS, Attempt, Outcome, error_message, refused
+from stockade.runner.attempt import (
+    ITEM_ERRORS,
+    Attempt,
+    Outcome,
+    error_message,
+    os_error_text,
+    refused,
+)
 from stockade.runner.captures import JailOutput, read_capture
 from stockade.runner.env import Masker, build_env
 from stockade.runner.records import attach
@@ -184,13 +191,16 @@ def in_jail(attempt: Attempt, body: Callable[[list[Materialised]], Outcome]) -> 
         outcome = body(inputs)
     except ITEM_ERRORS as exc:
         outcome = refused(attempt.number, started, masker.text(error_message(exc)))
-    except InfraError as exc:
-        outcome = Outcome(AttemptStatus.ERRORED, attempt.number, message=masker.text(str(exc)),
-                          started_at=started)
-    except OSError as exc:
-        outcome = Outcome(AttemptStatus.ERRORED, attempt.number,
-                          message=masker.text(f"{exc.strerror}: {exc.filename}"),
-                          started_at=started)
+    except (InfraError, OSError) as exc:
+        if attempt.run.cancelled:
+            # The interrupt reached the launcher while this jail was starting
+            # (a pipe to it broke): the attempt was stopped, not broken.
+            outcome = Outcome(AttemptStatus.INTERRUPTED, attempt.number, started_at=started,
+                              retryable=False)
+        else:
+            text = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+            outcome = Outcome(AttemptStatus.ERRORED, attempt.number,
+                              message=masker.text(text), started_at=started)
     finally:
         # No sandbox to keep apart from the next attempt: its scratch may stay.
         attempt.dirs.end_attempt(keep_scratch=not attempt.enforced)
