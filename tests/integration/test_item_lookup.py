@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -135,18 +140,33 @@ def test_what_is_not_there_is_named_with_what_is(reads: list[str | None], args: 
     assert None not in reads and "fan" not in reads
 
 
+def _run_until_begun(tmp_path: Path, workflow: str, run_id: str,
+                     item: str) -> subprocess.Popen[bytes]:
+    """``stockade run`` of ``workflow`` (``--sandbox none``) in the background,
+    returned once the item folder ``item`` (``step/index``) wrote its first
+    byte of stdout."""
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(workflow)
+    env = {**os.environ, "STOCKADE_HOME": str(tmp_path / "home")}
+    run = subprocess.Popen([sys.executable, "-m", "stockade.cli.main", "run", str(wf),
+                            "--run-id", run_id, "--sandbox", "none"], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    capture = tmp_path / "home" / "runs" / run_id / item / "meta" / "1.out"
+    deadline = time.monotonic() + 120
+    while not (capture.exists() and capture.read_bytes()):
+        if run.poll() is not None or time.monotonic() > deadline:
+            run.kill()
+            raise AssertionError(f"{item} of run {run_id} never began")
+        time.sleep(0.05)
+    return run
+
+
 def test_a_running_item_can_be_followed(tmp_path: Path) -> None:
     """``show``, ``logs`` and ``why`` of an item that began and has no record
     yet: it is named by its key as the run's item_keys event gives it, shown
     as running, and its output so far is read from its capture."""
-    import os
-    import subprocess
-    import sys
-    import time
-
     gate = tmp_path / "gate"
-    wf = tmp_path / "wf.yaml"
-    wf.write_text(f"""name: live
+    run = _run_until_begun(tmp_path, f"""name: live
 steps:
   - id: slow
     for_each: [first, second]
@@ -154,17 +174,8 @@ steps:
       echo before the gate
       while [ ! -e {gate} ]; do sleep 0.05; done
       echo after the gate
-""")
-    env = {**os.environ, "STOCKADE_HOME": str(tmp_path / "home")}
-    run = subprocess.Popen([sys.executable, "-m", "stockade.cli.main", "run", str(wf),
-                            "--run-id", "live1", "--sandbox", "none"], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+""", "live1", "slow/1")
     try:
-        capture = tmp_path / "home/runs/live1/slow/1/meta/1.out"
-        deadline = time.monotonic() + 120
-        while not (capture.exists() and capture.read_bytes()):
-            assert run.poll() is None and time.monotonic() < deadline, "the item never began"
-            time.sleep(0.05)
         runner = CliRunner(env={"STOCKADE_HOME": str(tmp_path / "home")})
         shown = runner.invoke(cli, ["logs", "live1", "slow/second"])
         assert (shown.exit_code, shown.stdout) == (0, "before the gate\n")
@@ -196,31 +207,15 @@ steps:
 
 
 def test_an_item_a_dead_engine_left_reads_as_lost(tmp_path: Path) -> None:
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     gate = tmp_path / "gate"
-    wf = tmp_path / "wf.yaml"
-    wf.write_text(f"""name: dies
+    run = _run_until_begun(tmp_path, f"""name: dies
 steps:
   - id: slow
     run: |
       echo before the end
       while [ ! -e {gate} ]; do sleep 0.05; done
-""")
-    env = {**os.environ, "STOCKADE_HOME": str(tmp_path / "home")}
-    run = subprocess.Popen([sys.executable, "-m", "stockade.cli.main", "run", str(wf),
-                            "--run-id", "dead1", "--sandbox", "none"], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+""", "dead1", "slow/0")
     try:
-        capture = tmp_path / "home/runs/dead1/slow/0/meta/1.out"
-        deadline = time.monotonic() + 120
-        while not (capture.exists() and capture.read_bytes()):
-            assert run.poll() is None and time.monotonic() < deadline, "the item never began"
-            time.sleep(0.05)
         run.send_signal(signal.SIGKILL)
         run.wait(timeout=60)
     finally:
