@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from stockade.errors import InfraError, UserError
-from stockade.runner.attempt import Outcome
+from stockade.runner.attempt import Outcome, after_interrupt
 from stockade.runner.cpus import available_cpus, cgroup_quota
 from stockade.runner.env import Masker
 from stockade.runner.keys import check_key, item_keys, key_problem
@@ -266,13 +266,13 @@ class _Dirs:
 
 @dataclass
 class _Run:
-    cancelled: bool
+    cancelled: bool = False
     masker: Masker = field(default_factory=lambda: Masker([]))
 
 
 @dataclass
 class _Attempt:
-    run: _Run
+    run: _Run = field(default_factory=_Run)
     number: int = 1
     enforced: bool = True
     dirs: _Dirs = field(default_factory=_Dirs)
@@ -281,22 +281,28 @@ class _Attempt:
         return 5.0
 
 
-@pytest.mark.parametrize(("cancelled", "exc", "status", "message"), [
+@pytest.mark.parametrize(("interrupted", "exc", "status", "message"), [
     # Ctrl-C reached the launcher while the jail was starting: its pipe broke.
     (True, BrokenPipeError(32, "Broken pipe"), AttemptStatus.INTERRUPTED, ""),
     (True, InfraError("the launcher went away"), AttemptStatus.INTERRUPTED, ""),
+    # A refusal is the item's own, interrupt or not.
+    (True, UserError("x.txt: no such input"), AttemptStatus.ERRORED, "x.txt: no such input"),
     (False, BrokenPipeError(32, "Broken pipe"), AttemptStatus.ERRORED, "Broken pipe"),
     (False, PermissionError(13, "Permission denied", "/x"), AttemptStatus.ERRORED,
      "Permission denied: /x"),
     (False, InfraError("no bwrap"), AttemptStatus.ERRORED, "no bwrap"),
 ])
-def test_a_launch_that_breaks_is_interrupted_only_during_a_cancel(
-        monkeypatch: pytest.MonkeyPatch, cancelled: bool, exc: Exception,
+def test_a_launch_that_breaks_is_interrupted_only_after_an_interrupt(
+        monkeypatch: pytest.MonkeyPatch, interrupted: bool, exc: Exception,
         status: AttemptStatus, message: str) -> None:
+    """What ``in_jail`` reports, as the engine then records it (``after_interrupt``
+    once an interrupt has arrived)."""
     monkeypatch.setattr(process, "attach", lambda attempt, outcome, inputs: outcome)
 
     def body(inputs: list[object]) -> Outcome:
         raise exc
 
-    out = process.in_jail(_Attempt(_Run(cancelled)), body)  # type: ignore[arg-type]
+    out = process.in_jail(_Attempt(), body)  # type: ignore[arg-type]
+    if interrupted:
+        out = after_interrupt(out)
     assert (out.status, out.message) == (status, message)

@@ -57,10 +57,6 @@ class Jails:
         self._lock = threading.Lock()
         self._running: dict[object, Running] = {}
         self.cancelled = threading.Event()
-        #: An interrupt arrived (set by the engine's signal handler, before its
-        #: loop cancels the jails): an attempt that ends badly from now on was
-        #: stopped (a terminal's Ctrl-C reaches the jails too), not broken.
-        self.stopping = False
         self.kill_grace = 1.0
 
     def launch(self, key: object, start: Callable[[], Running]) -> Running | None:
@@ -140,7 +136,7 @@ class RunContext:
 
     @property
     def cancelled(self) -> bool:
-        return self.jails.stopping or self.jails.cancelled.is_set()
+        return self.jails.cancelled.is_set()
 
 
 @dataclass(frozen=True)
@@ -252,6 +248,20 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.status is AttemptStatus.SUCCEEDED
+
+
+def after_interrupt(outcome: Outcome) -> Outcome:
+    """An outcome as a run that was interrupted records it.
+
+    The signal can reach an item's thread first and break the launch it is
+    in (EINTR, a closed pipe or descriptor) before the engine's handler has
+    run and the jails are cancelled: an infrastructure error (retryable)
+    then was the interrupt, and the attempt was stopped, not broken. A
+    refusal (not retryable) is the item's own and stays."""
+    if outcome.status is AttemptStatus.ERRORED and outcome.retryable:
+        outcome.status, outcome.message, outcome.retryable = \
+            AttemptStatus.INTERRUPTED, "", False
+    return outcome
 
 
 def refused(n: int, started: float, message: str) -> Outcome:

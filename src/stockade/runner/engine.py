@@ -37,6 +37,7 @@ from stockade.runner.attempt import (
     ItemRef,
     Outcome,
     RunContext,
+    after_interrupt,
     error_message,
 )
 from stockade.runner.events import (
@@ -170,7 +171,6 @@ class Engine:
 
     def interrupt(self) -> None:
         self._interrupts += 1
-        self.ctx.jails.stopping = True
         self.executor.wake()
 
     # -- the loop -------------------------------------------------------------------
@@ -442,13 +442,9 @@ class Engine:
     def _attempt_ended(self, attempt: Attempt, outcome: Outcome) -> list[Action]:
         sr = self.steps[attempt.step.id]
         it = sr.items[attempt.item.index]
-        if self._interrupts and outcome.status is AttemptStatus.ERRORED and outcome.retryable:
-            # The signal can reach an item's thread first and break the launch
-            # it was in (EINTR, a closed descriptor) before this loop saw it:
-            # after an interrupt, a launch that broke was stopped, not broken
-            # (a refusal, not retryable, is the item's own and stays).
-            outcome.status, outcome.message, outcome.retryable = \
-                AttemptStatus.INTERRUPTED, "", False
+        if self._interrupts:
+            # This loop ran the signal's handler before it read the outcome.
+            outcome = after_interrupt(outcome)
         it.outcome = outcome
         if outcome.usage:
             it.usage = add_usage(it.usage or {}, outcome.usage)

@@ -192,15 +192,11 @@ def in_jail(attempt: Attempt, body: Callable[[list[Materialised]], Outcome]) -> 
     except ITEM_ERRORS as exc:
         outcome = refused(attempt.number, started, masker.text(error_message(exc)))
     except (InfraError, OSError) as exc:
-        if attempt.run.cancelled:
-            # The interrupt reached the launcher while this jail was starting
-            # (a pipe to it broke): the attempt was stopped, not broken.
-            outcome = Outcome(AttemptStatus.INTERRUPTED, attempt.number, started_at=started,
-                              retryable=False)
-        else:
-            text = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
-            outcome = Outcome(AttemptStatus.ERRORED, attempt.number,
-                              message=masker.text(text), started_at=started)
+        # Infrastructure: retryable, and after an interrupt the engine reads it
+        # as the interrupt (``runner.attempt.after_interrupt``).
+        text = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+        outcome = Outcome(AttemptStatus.ERRORED, attempt.number, message=masker.text(text),
+                          started_at=started)
     finally:
         # No sandbox to keep apart from the next attempt: its scratch may stay.
         attempt.dirs.end_attempt(keep_scratch=not attempt.enforced)
