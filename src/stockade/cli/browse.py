@@ -23,7 +23,7 @@ from stockade._show import duration, when
 from stockade.cli.main import _root, friendly, json_option, root_option
 from stockade.errors import UserError
 from stockade.runner import history
-from stockade.runner.runs import find_item, resolve_run, state
+from stockade.runner.runs import UNFINISHED, find_item, resolve_run, state
 from stockade.runner.status import RunStatus
 from stockade.store.base import Store
 
@@ -264,7 +264,7 @@ def _print_item(view: history.RunView, d: history.ItemView) -> None:
                    + (f"  exit {a.exit_code}" if a.exit_code is not None else "")
                    + (f"  on worker {worker.get('name')}" if worker else "")
                    + (f"  {a.message}" if a.message else ""))
-    if rec.status in ("running", "lost") and all(a.attempt != rec.attempt for a in d.attempts):
+    if rec.status in UNFINISHED and all(a.attempt != rec.attempt for a in d.attempts):
         click.echo(f"  attempt {rec.attempt}: {rec.status}"
                    + (f"  {rec.message}" if rec.message else ""))
     if rec.usage:
@@ -279,7 +279,7 @@ def _print_item(view: history.RunView, d: history.ItemView) -> None:
         click.echo("  last lines of stderr:")
         for line in d.tail.splitlines():
             click.echo(f"    {line}")
-    if d.kind in ("run", "agent") and (d.attempts or rec.status in ("running", "lost")):
+    if d.kind in ("run", "agent") and (d.attempts or rec.status in UNFINISHED):
         click.echo(f"  logs: stockade logs {view.record.run_id} "
                    f"{shlex.quote(f'{rec.step}/{rec.label}')} [--stderr] [--attempt N]")
 

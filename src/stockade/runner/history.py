@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.errors import UserError
-from stockade.runner.runs import run_path, state
+from stockade.runner.runs import UNFINISHED, run_path, state
 from stockade.runner.status import RunStatus
 from stockade.store.base import AttemptRecord, ItemRecord, RunRecord, Store, sum_usage
 from stockade.workspace.layout import ItemDir, RunDir, read_json
@@ -313,7 +313,7 @@ def provenance_chain(store: Store, record: RunRecord, item: ItemRecord, output: 
     if not item.attempt:
         why = f" ({item.status}: {item.message})" if item.message else f" ({item.status})"
         raise UserError(f"{label} never ran{why}, so it has no outputs and no provenance")
-    if item.status in ("running", "lost"):
+    if item.status in UNFINISHED:
         raise UserError(f"{label} is {item.status} (attempt {item.attempt}): its outputs and "
                         "provenance are recorded when an attempt ends")
     return _chain(store, record.run_id, item.step, item.item, name, 0, set(), max_items)

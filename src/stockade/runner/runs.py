@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stockade.errors import UserError
-from stockade.runner.status import RunStatus
+from stockade.runner.status import AttemptStatus, ItemStatus, RunStatus
 from stockade.store.base import ItemRecord, RunRecord, Store
 from stockade.workspace.layout import RunDir
 from stockade.workspace.runlock import LOCK_NAME, Holder, is_held, read_holder
@@ -156,6 +156,10 @@ def _name_one(step: str, total: int, keys: str) -> UserError:
                      f"(keys: {keys})")
 
 
+#: The statuses ``unfinished_item`` gives an item that began and has no record.
+UNFINISHED = (ItemStatus.RUNNING, AttemptStatus.LOST)
+
+
 def find_item(store: Store, record: RunRecord, text: str, *,
               steps: Sequence[str] = ()) -> ItemRecord:
     """The item ``text`` names: its record, or else, for an item that began
@@ -198,7 +202,8 @@ def unfinished_item(store: Store, record: RunRecord, text: str) -> ItemRecord | 
         return None
     live = state(record) is RunStatus.RUNNING
     key = keys[index] if keys is not None and 0 <= index < len(keys) else str(index)
-    return ItemRecord(record.run_id, addr.step, index, "running" if live else "lost",
+    status = ItemStatus.RUNNING if live else AttemptStatus.LOST
+    return ItemRecord(record.run_id, addr.step, index, status,
                       attempts[-1], key=key,
                       message="" if live else "the engine stopped during this attempt")
 
