@@ -244,3 +244,48 @@ def test_an_unknown_mechanism_is_one_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in r.err
     doctor = project.run("doctor", env=bad)
     assert "Traceback" not in doctor.err and "STOCKADE_JAIL_LIFETIME='cgroup3'" in doctor.out
+
+
+def _lower_hard_limits() -> None:
+    """In the engine's child before exec: hard limits below what the workflow
+    asks for, as a host's ``ulimit -H`` or a container's would be."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))
+    resource.setrlimit(resource.RLIMIT_CPU, (100000, 100000))
+
+
+@pytest.mark.parametrize("sandbox", ["bwrap", "landlock", "none"])
+def test_a_limit_above_the_engines_hard_limit_is_that_hard_limit(
+    tmp_path: Path, sandbox: str
+) -> None:
+    # No unprivileged process can raise a hard limit: asked for more than the
+    # engine has, the launch failed (EPERM from prlimit or setrlimit) while the
+    # host enforced a stricter limit anyway.
+    _available(sandbox)
+    project = Project(tmp_path)
+    wf = project.write("wf.yaml", textwrap.dedent("""\
+        name: hard
+        steps:
+          - id: a
+            resources: {file_size: 2G, cpu_seconds: 50000, processes: 4194304}
+            run: python3 -c 'import resource as r; print(r.getrlimit(r.RLIMIT_FSIZE)[1], r.getrlimit(r.RLIMIT_CPU)[1])' > out/limits.txt
+    """))
+    p = subprocess.run(project.cmd("run", str(wf), "--run-id", "h1", "--sandbox", sandbox),
+                       cwd=project.path, env=project.env, capture_output=True, text=True,
+                       timeout=120, stdin=subprocess.DEVNULL, preexec_fn=_lower_hard_limits)
+    assert p.returncode == 0, p.stdout + p.stderr
+    limits = (project.item("h1", "a") / "work" / "out" / "limits.txt").read_text().split()
+    # file_size is the host's 1 GiB; cpu_seconds, below the host's, is the step's own.
+    assert limits == [str(1 << 30), "50000"], limits
+
+
+@pytest.mark.parametrize("memory", ["100", "1M"])
+def test_a_memory_limit_too_small_to_start_the_program_says_so(
+    tmp_path: Path, memory: str
+) -> None:
+    project = Project(tmp_path)
+    code, message, err = _resource_run(project, "none", True, f"{{memory: {memory}}}", "echo hi")
+    shown = "100 bytes" if memory == "100" else memory
+    assert code == 1, err
+    assert message == f"exceeded memory {shown}: too little to load the program (exit status 127)"

@@ -164,7 +164,11 @@ def _rlimits(req: dict[str, Any]) -> list[tuple[int, int]]:
     out = [(int(which), int(value)) for which, value in req.get("limits") or ()]
     if req.get("nproc") is not None:
         counted = req["uid"] if req["uid"] is not None else os.getuid()
-        out.append((resource.RLIMIT_NPROC, _count_processes(counted) + int(req["nproc"])))
+        value = _count_processes(counted) + int(req["nproc"])
+        # Never above the hard limit, which this process cannot raise.
+        hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        out.append((resource.RLIMIT_NPROC,
+                    value if hard == resource.RLIM_INFINITY else min(value, hard)))
     return out
 
 

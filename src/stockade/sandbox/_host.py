@@ -2,21 +2,22 @@
 entries a process needs (and the jail's copy of them), and whether other
 uids can reach a path.
 
-Shared by the bwrap and landlock backends, so that neither imports the
-other. Standard library only, with ``stockade.sandbox.policy``.
+Shared by the backends, so that none imports another. Standard library
+only, with ``stockade.sandbox.policy``.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import resource
 import shutil
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from stockade.sandbox.policy import SYSTEM_DIRS
+from stockade.sandbox.policy import SYSTEM_DIRS, Policy
 
 #: /etc entries a process commonly needs: the loader, users and groups for
 #: ``id``/``whoami``, name service config, time zone, TLS roots, locale, the
@@ -60,6 +61,35 @@ def scan_host() -> HostLayout:
     python = next((p for p in ("/usr/bin/python3", "/bin/python3") if os.path.exists(p)), None)
     prlimit = next((p for p in ("/usr/bin/prlimit", "/bin/prlimit") if os.path.exists(p)), None)
     return HostLayout(links, tuple(dirs), etc, prlimit, python, resolv)
+
+
+#: The rlimit behind each limit of ``policy.Resources``.
+_RLIMITS = (("memory_bytes", resource.RLIMIT_AS), ("cpu_seconds", resource.RLIMIT_CPU),
+            ("processes", resource.RLIMIT_NPROC), ("file_size_bytes", resource.RLIMIT_FSIZE))
+
+
+def hard_limit(which: int) -> int | None:
+    """This process's hard limit ``which`` (an ``RLIMIT_*``); None: unlimited."""
+    hard = resource.getrlimit(which)[1]
+    return None if hard == resource.RLIM_INFINITY else hard
+
+
+def within_hard_limits(policy: Policy) -> Policy:
+    """``policy`` with no limit above this process's hard limit.
+
+    A jail inherits the engine's hard limits, and an unprivileged process
+    cannot raise one: ``processes: 200000`` on a host that allows 96,362
+    would fail the launch (``prlimit`` and ``setrlimit`` say EPERM) while
+    asking for nothing the host does not enforce already. Read at each
+    launch, on the machine that launches (a Dask worker's limits are its own).
+    """
+    r = policy.resources
+    lowered: dict[str, int] = {}
+    for name, which in _RLIMITS:
+        value, hard = getattr(r, name), hard_limit(which)
+        if value is not None and hard is not None and value > hard:
+            lowered[name] = hard
+    return replace(policy, resources=replace(r, **lowered)) if lowered else policy
 
 
 #: Never copied into a jail's /etc, even below an allowed directory.

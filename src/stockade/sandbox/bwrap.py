@@ -71,7 +71,14 @@ from stockade.sandbox._bwrap_argv import (
     jail_env,
     scratch_mount_points,
 )
-from stockade.sandbox._host import HostLayout, build_etc, reachable_by_others, resolved, scan_host
+from stockade.sandbox._host import (
+    HostLayout,
+    build_etc,
+    reachable_by_others,
+    resolved,
+    scan_host,
+    within_hard_limits,
+)
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox._tmp import owned_tmpdir
 from stockade.sandbox.base import Availability, Backend, InputSharing, Running
@@ -213,6 +220,7 @@ class BwrapBackend(Backend):
         return self._path_filter(value, system, item, tops, uid)
 
     def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:
+        policy = within_hard_limits(policy)
         policy.scratch_dir.mkdir(parents=True, exist_ok=True)
         lease = self._ids.acquire()
         if lease is None:

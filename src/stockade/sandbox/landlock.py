@@ -47,7 +47,13 @@ from typing import IO, Any, Literal
 
 from stockade.errors import InfraError
 from stockade.sandbox import _direct, _landlock, _lifetime, _netns, _reach, _uids, seccomp
-from stockade.sandbox._host import HostLayout, resolved, scan_host, searchable_by_others
+from stockade.sandbox._host import (
+    HostLayout,
+    resolved,
+    scan_host,
+    searchable_by_others,
+    within_hard_limits,
+)
 from stockade.sandbox._launch import base_rlimits, proxy_env, proxy_url
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
 from stockade.sandbox.base import Availability, Backend, InputSharing, Running
@@ -353,6 +359,7 @@ class LandlockBackend(Backend):
     def start(self, policy: Policy, *, stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> Running:
         if self._layout is None:
             self._layout = scan_host()
+        policy = within_hard_limits(policy)
         policy.scratch_dir.mkdir(parents=True, exist_ok=True)
         # A root engine's jail runs as a uid of its own (never 0, never a
         # host account's): its work/ and scratch are handed to it now and

@@ -29,6 +29,7 @@ from typing import IO, Literal
 from stockade.errors import InfraError
 from stockade.sandbox import _direct, _lifetime
 from stockade.sandbox._forkserver import _count_processes
+from stockade.sandbox._host import hard_limit, within_hard_limits
 from stockade.sandbox._launch import base_rlimits, ulimit_prefix
 from stockade.sandbox._popen import PopenJail
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
@@ -69,7 +70,9 @@ def rlimits(resources: Resources, *, pids_limited: bool) -> list[tuple[int, int]
     and only where no pids cgroup holds the exact limit; root is exempt."""
     out = base_rlimits(resources)
     if resources.processes is not None and not pids_limited and os.geteuid() != 0:
-        out.append((resource.RLIMIT_NPROC, _count_processes(os.getuid()) + resources.processes))
+        counted = _count_processes(os.getuid()) + resources.processes
+        hard = hard_limit(resource.RLIMIT_NPROC)
+        out.append((resource.RLIMIT_NPROC, counted if hard is None else min(counted, hard)))
     return out
 
 
@@ -134,6 +137,7 @@ class NoneBackend(Backend):
             raise InfraError("the none backend runs on the host's own root: image: needs the "
                              "bwrap backend" if policy.image_root is not None else
                              "the none backend cannot bind shared inputs")
+        policy = within_hard_limits(policy)
         policy.scratch_dir.mkdir(parents=True, exist_ok=True)
         env = dict(policy.env)
         env["HOME"] = str(policy.scratch_dir)

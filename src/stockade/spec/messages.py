@@ -122,7 +122,7 @@ _PATTERN_HELP = {
 #: Fields given in seconds whose name does not say so: a wrongly typed value
 #: is told the unit (``tests/unit/test_spec.py`` checks this against the
 #: fields ``spec.schema`` describes in seconds).
-SECONDS_FIELDS = frozenset({"timeout", "retry_delay", "request_timeout", "lease_ttl"})
+SECONDS_FIELDS = frozenset({"timeout", "retry_delay", "request_timeout", "lease_ttl", "max_age"})
 
 
 def _expected(err: Mapping[str, Any]) -> str:

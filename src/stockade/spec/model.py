@@ -41,7 +41,14 @@ STEP_KINDS = ("run", "agent", "keep", "publish")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # inf and nan parse as YAML floats (.inf, 1e400) and would reach the
+    # kernel's limits and the clock as numbers no platform takes.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
+                              allow_inf_nan=False)
+
+
+#: The largest ``timeout`` and ``max_age``: a year, in seconds.
+YEAR = 365 * 86400
 
 
 class SandboxSettings(_Strict):
@@ -50,8 +57,9 @@ class SandboxSettings(_Strict):
 
 class Resources(_Strict):
     memory: Size | None = None
-    cpu_seconds: Annotated[int, Field(gt=0)] | None = None
-    processes: Annotated[int, Field(gt=0)] | None = None
+    cpu_seconds: Annotated[int, Field(gt=0, le=10**9)] | None = None
+    #: At most Linux's ``PID_MAX_LIMIT``: more is no limit at all.
+    processes: Annotated[int, Field(gt=0, le=4194304)] | None = None
     file_size: Size | None = None
 
 
@@ -130,8 +138,8 @@ class Publish(_Strict):
     payload: Any
     #: A template over ``vars`` and ``run`` (default: ``<workflow>.<step>``).
     lease: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
-    lease_ttl: Annotated[float, Field(gt=0)] = 300
-    max_age: Annotated[float, Field(gt=0)] = 86400
+    lease_ttl: Annotated[float, Field(gt=0, le=86400)] = 300
+    max_age: Annotated[float, Field(gt=0, le=YEAR)] = 86400
 
 
 NetworkHost = Annotated[str, StringConstraints(pattern=r"^(\*\.)?[A-Za-z0-9.-]+(:[0-9]{1,5})?$")]
@@ -150,7 +158,7 @@ class Step(_Strict):
     key: Annotated[str, StringConstraints(min_length=1)] | None = None
     #: Names or globs under ``out/`` an item must produce (``run:`` and ``agent:``).
     outputs: list[Annotated[str, StringConstraints(min_length=1)]] = Field(default_factory=list)
-    timeout: Annotated[float, Field(gt=0)] | None = None
+    timeout: Annotated[float, Field(gt=0, le=YEAR)] | None = None
     retries: Annotated[int, Field(ge=0, le=100)] = 0
     #: Seconds before the first retry; doubled each time, +/-20% jitter, at most 60 s.
     retry_delay: Annotated[float, Field(ge=0, le=3600)] = 1.0

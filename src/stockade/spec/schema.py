@@ -49,7 +49,7 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
                   "The only way anything enters a step's world.",
         "env": "Extra environment variables by value (templates allowed).",
         "secrets": "Names from the workflow's secrets: to pass into this step's environment.",
-        "timeout": "Seconds before the whole process group is stopped.",
+        "timeout": "Seconds before the whole process group is stopped (at most a year).",
         "retries": "Extra attempts after a failure, each in a fresh work/ folder.",
         "network": "'none' (default), 'open' (recorded as reduced isolation) or host[:port] patterns.",
         "resources": "Limits: memory, cpu_seconds, processes, file_size.",
@@ -71,7 +71,9 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "payload": "The value to publish. " + _TEMPLATE,
         "lease": "Lease name, a template over vars and run (default: workflow name + step "
                  "id); backfills of different dates use different leases.",
-        "lease_ttl": "Lease time to live, seconds.",
+        "lease_ttl": "Lease time to live, seconds (at most a day).",
+        "max_age": "Seconds from the run's start during which it may publish (default a "
+                   "day, at most a year).",
     },
     "Agent": {
         "prompt": "The operator's request; write targets must be named here.",

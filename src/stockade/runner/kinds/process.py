@@ -333,6 +333,12 @@ def limit_message(step: Step, code: int, tail: str) -> str | None:
                 "(the kernel sends SIGKILL at the hard limit)")
     if r.memory is not None and any(s in tail for s in _NO_MEMORY):
         return f"exceeded memory {format_size(r.memory)} (an allocation failed)"
+    # 127 is the shell's "could not run it"; under a small address space the
+    # loader cannot map libc and says so, or (too small for even that) nothing.
+    if r.memory is not None and code == 127 and (
+            not tail.strip() or "failed to map segment" in tail):
+        return (f"exceeded memory {format_size(r.memory)}: too little to load the program "
+                "(exit status 127)")
     lowered = tail.lower()
     # bash: "fork: retry: Resource temporarily unavailable"; dash: "Cannot fork".
     if r.processes is not None and "fork" in lowered and (
