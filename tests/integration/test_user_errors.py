@@ -73,6 +73,8 @@ def test_validate_reports_all_problems_at_once(project: Project) -> None:
         (("run", "wf.yaml", "--var", "undeclared=1"), "not declared"),
         (("run", "wf.yaml", "--var", "novalue"), "KEY=VALUE"),
         (("run", "wf.yaml", "--var", "count=ten"), "expected a number"),
+        (("run", "wf.yaml", "--var", "count=1", "--var", "count=2"),
+         "--var count is given twice ('1', then '2'): give it once"),
         (("resume", "no-such-run"), "no run"),
         (("show", "no-such-run"), "no run"),
         (("logs", "no-such-run", "a/0"), "no run"),

@@ -140,6 +140,11 @@ def _parse_vars(pairs: tuple[str, ...]) -> dict[str, str]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UserError(f"--var {pair!r}: expected KEY=VALUE")
+        if key in out and out[key] != value:
+            # A script that appends a second --var (say, a date) would
+            # otherwise run on whichever came last, without a word.
+            raise UserError(f"--var {key} is given twice ({out[key]!r}, then {value!r}): "
+                            "give it once")
         out[key] = value
     return out
 
