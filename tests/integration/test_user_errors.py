@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -86,6 +87,29 @@ def test_bad_arguments_exit_2(project: Project, args: tuple[str, ...], needle: s
     assert r.code == 2, r.err
     assert needle in r.err
     assert "Traceback" not in r.err
+
+
+def test_a_workflow_that_cannot_end_or_is_too_large_is_refused_before_it_is_read(
+    project: Project,
+) -> None:
+    # /dev/zero never ends; a FIFO without a writer used to block the open.
+    os.mkfifo(project.path / "fifo.yaml")
+    (project.path / "huge.yaml").write_bytes(b"")
+    os.truncate(project.path / "huge.yaml", (64 << 20) + 1)
+    for args, needle in [
+        (("validate", "/dev/zero"), "/dev/zero: not a file but a device or a socket"),
+        (("run", "/dev/null"), "/dev/null: not a file but a device or a socket"),
+        (("validate", "fifo.yaml"), "fifo.yaml:1:1: the file is empty"),
+        (("plan", "huge.yaml"), "huge.yaml: larger than 64 MiB"),
+    ]:
+        r = project.run(*args, timeout=60)
+        assert r.code == 2 and needle in r.err and "Traceback" not in r.err, (args, r.err)
+    # A pipe with a writer is read: `stockade validate <(generate)`.
+    project.write("wf.yaml", "name: ok\nsteps:\n  - id: a\n    run: echo\n")
+    p = subprocess.run(project.cmd("validate", "/dev/stdin"), cwd=project.path, env=project.env,
+                       input=(project.path / "wf.yaml").read_text(), capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and "/dev/stdin: ok (1 step)" in p.stdout, p.stderr
 
 
 def test_require_sandbox_refuses_with_none_and_runs_nothing(project: Project) -> None:

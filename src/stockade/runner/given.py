@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -93,16 +95,47 @@ def template_functions(base: Path, files: dict[str, HostFile],
     return {"file": file_fn, "tree": tree_fn}
 
 
+#: The largest workflow file read: far above any written by hand or
+#: generated with a literal list of 100,000 items, far below what would
+#: hold the machine's memory.
+MAX_WORKFLOW_BYTES = 64 << 20
+
+
 def load_spec(path: Path) -> Spec:
+    return load_workflow(_workflow_bytes(path), str(path))
+
+
+def _workflow_bytes(path: Path) -> bytes:
+    """The file's bytes. A device or a socket (``/dev/zero``, ``/dev/stdin``
+    from a terminal) is refused before it is read, as its reading could
+    block or never end, and so is a file larger than ``MAX_WORKFLOW_BYTES``.
+    A pipe is read (``stockade run <(generate)``), and one with no writer
+    reads as empty."""
     try:
-        data = path.read_bytes()
+        # O_NONBLOCK: opening a FIFO without a writer must not wait for one.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, not a workflow file") from None
     except PermissionError:
         raise UserError(f"{path}: permission denied") from None
-    return load_workflow(data, str(path))
+    except OSError as e:
+        raise UserError(f"{path}: cannot open: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise UserError(f"{path}: is a directory, not a workflow file")
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            raise UserError(f"{path}: not a file but a device or a socket; a workflow is "
+                            "read from a file (or a pipe)")
+        os.set_blocking(fd, True)
+        try:
+            data = f.read(MAX_WORKFLOW_BYTES + 1)
+        except OSError as e:
+            raise UserError(f"{path}: cannot read: {e.strerror}") from None
+    if len(data) > MAX_WORKFLOW_BYTES:
+        raise UserError(f"{path}: larger than {MAX_WORKFLOW_BYTES >> 20} MiB; a workflow this "
+                        "large is not one written or generated for stockade")
+    return data
 
 
 def secret_masker(spec: Spec, env: Mapping[str, str]) -> Masker:
