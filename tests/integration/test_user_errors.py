@@ -297,6 +297,8 @@ def test_a_root_that_cannot_be_made_is_named(project: Project) -> None:
         ("file('linked/a.txt')", "linked is a symlink, not a folder"),
         ("file('hard.txt')", "hard.txt is a hard link (2 names)"),
         ("tree('linked')", "linked is a symlink, not a folder"),
+        # A folder git does not track: validate said ok, the run refused it.
+        ("tree('real')", "not in a git checkout; tree() copies the files git tracks there"),
     ],
 )
 def test_a_host_path_the_run_would_refuse_is_refused_at_its_line(

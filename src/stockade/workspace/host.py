@@ -85,10 +85,12 @@ def _open_host_file(base: Path, rel: str) -> int:
 def host_path_problem(base: Path, rel: str, *, tree: bool) -> str | None:
     """Why ``file(rel)`` (or ``tree(rel)``) would be refused at run start, in
     the words the run would use, or None. Opens the path as the run does (a
-    symlink on the way, a hard link) and reads nothing."""
+    symlink on the way, a hard link) and reads no file; for ``tree()`` git
+    lists the checkout's tracked paths (a folder that is not a checkout)."""
     try:
         if tree:
-            with _tree_root(base, rel):
+            with _tree_root(base, rel) as fd:
+                tracked_paths(fd, rel)
                 return None
         os.close(_open_host_file(base, rel))
     except Refused as r:
@@ -260,6 +262,10 @@ def tracked_paths(root_fd: int, rel: str) -> list[tuple[str, str]]:
                 f"stockade (uid {os.geteuid()}); git will not read a repository another user "
                 "controls, because its config can name programs to run. Run stockade as the "
                 "checkout's owner, or give the checkout to this user (chown -R)") from None
+        if "not a git repository" in err:
+            raise UserError(f"tree({rel!r}): not in a git checkout; tree() copies the files git "
+                            "tracks there (git init and git add them), file() reads one "
+                            "file") from None
         raise UserError(f"tree({rel!r}): not a git checkout: {err}") from None
     entries: dict[str, str] = {}
     for record in listed.split(b"\0"):
