@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -326,3 +327,40 @@ def test_a_host_path_the_run_would_refuse_is_refused_at_its_line(
         [line] = r.err.splitlines()
         assert line.startswith(f"{wf}:6:") and f"{call}: {why}" in line, line
     assert not (project.root / "runs").exists()
+
+
+def test_another_runs_outputs_cannot_be_read_through_file_tree_or_mounts(project: Project) -> None:
+    """The seed incident's path: yesterday's report taken as today's input by
+    its path under the root. A run's outputs reach a step only as
+    steps.<id>.outputs of the same run; any root's run folders are refused."""
+    first = project.write("report.yaml", "name: daily\nsteps:\n  - id: report\n"
+                                         "    run: echo 'numbers 42' > out/report.md\n")
+    assert project.run("run", str(first), "--run-id", "yday").code == 0
+    # The default root below the workflow's folder, as a user's would be.
+    rel_root = os.path.relpath(project.root, project.path)
+    other = project.path / "elsewhere"
+    shutil.copytree(project.root, other / "old-root", symlinks=True)
+    # A folder of the user's named runs/ holding a manifest.json is no root.
+    project.write("data/runs/manifest.json", "{}")
+    wf = project.write("wf.yaml", f"""
+        name: daily
+        steps:
+          - id: a
+            inputs:
+              r.md: "{{{{ file('{rel_root}/runs/yday/report/0/work/out/report.md') }}}}"
+              t: "{{{{ tree('{rel_root}') }}}}"
+              m.json: "{{{{ file('data/runs/manifest.json') }}}}"
+            mounts: [{other}/old-root/runs/yday/report]
+            run: cat r.md
+    """)
+    for command in ("validate", "run"):
+        r = project.run(command, str(wf))
+        assert r.code == 2, r.err
+        lines = r.err.splitlines()
+        assert len(lines) == 3, lines
+        assert lines[0].startswith(f"{wf}:6:") and \
+            f"{rel_root} holds stockade's run records" in lines[0], lines
+        assert lines[1].startswith(f"{wf}:7:") and f"tree('{rel_root}')" in lines[1], lines
+        assert lines[2].startswith(f"{wf}:9:") and \
+            f"lies in {other}/old-root/runs/yday, a folder of stockade's run records" in lines[2]
+    assert [p.name for p in (project.root / "runs").iterdir()] == ["yday"]

@@ -28,7 +28,7 @@ from stockade.runner.keys import check_key, key_problem
 from stockade.spec import Spec
 from stockade.spec.model import Step
 from stockade.spec.paths import interface_mount
-from stockade.workspace.host import host_path_problem
+from stockade.workspace.host import host_path_problem, records_folder
 
 
 def preflight(spec: Spec, base: Path, env: Mapping[str, str] | None) -> list[Problem]:
@@ -142,6 +142,11 @@ def _mount_problem(base: Path, declared: str) -> str | None:
     as written is checked with the workflow (``spec.paths.interface_mount``)."""
     absolute = os.path.normpath(declared if declared.startswith("/") else base / declared)
     real = os.path.realpath(absolute)
+    for folder in (Path(real), *Path(real).parents):
+        if records_folder(folder) is not None:
+            return (f"{'is' if str(folder) == real else f'lies in {folder},'} a folder of "
+                    "stockade's run records (any root's): the jail would read runs' outputs "
+                    "with none of their provenance; mount the toolchain's own folder")
     if real != absolute and (inside := interface_mount(real)) is not None:
         top, why = inside
         return f"leads to {real}{'' if real == top else f', in {top}'}: {why}"

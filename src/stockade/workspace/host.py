@@ -82,11 +82,39 @@ def _open_host_file(base: Path, rel: str) -> int:
         return w.open_file(rel)[0]
 
 
+def records_folder(path: Path) -> Path | None:
+    """``path`` itself if it is a stockade root (it holds ``runs/`` and the
+    store or the reuse key) or a run's folder (``runs/<id>``, holding its
+    ``manifest.json``); else None. Any root's, not only the one in use."""
+    if (path / "manifest.json").is_file() and path.parent.name == "runs":
+        return path
+    if (path / "runs").is_dir() and ((path / "stockade.db").exists()
+                                     or (path / "reuse.key").exists()):
+        return path
+    return None
+
+
+def records_on_the_way(base: Path, rel: str, *, tree: bool) -> str | None:
+    """The first folder below ``base`` on the way to ``rel`` (``rel`` itself
+    for a tree) that holds stockade's runs, as a path relative to ``base``; or
+    None. Such a path would hand a step another run's outputs with none of
+    their provenance: the seed of yesterday's report published as today's."""
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    for n in range(1, len(parts) + (1 if tree else 0)):
+        if records_folder(base.joinpath(*parts[:n])) is not None:
+            return "/".join(parts[:n])
+    return None
+
+
 def host_path_problem(base: Path, rel: str, *, tree: bool) -> str | None:
     """Why ``file(rel)`` (or ``tree(rel)``) would be refused at run start, in
     the words the run would use, or None. Opens the path as the run does (a
     symlink on the way, a hard link) and reads no file; for ``tree()`` git
     lists the checkout's tracked paths (a folder that is not a checkout)."""
+    if (held := records_on_the_way(base, rel, tree=tree)) is not None:
+        return (f"{held} holds stockade's run records; a step reads the outputs of this "
+                "run's steps (steps.<id>.outputs), never another run's, which carry no "
+                "provenance here")
     try:
         if tree:
             with _tree_root(base, rel) as fd:
