@@ -679,6 +679,22 @@ def test_delete_run_forgets_everything_of_that_run_only(store: Store) -> None:
     assert len(store.reuse_candidates(["k-r2"])["k-r2"]) == 1
 
 
+def test_a_deleted_runs_id_is_never_given_again(store: Store) -> None:
+    # A sink's idempotency key is run_id/step/item: a new run under a deleted
+    # run's id would have its publish taken for the old one's, already applied.
+    store.create_run(run("nightly"))
+    with pytest.raises(RunExists) as taken:
+        store.create_run(run("nightly"))
+    assert not taken.value.removed
+    store.delete_run("nightly")
+    store.delete_run("nightly")  # twice: still one record of the id
+    with pytest.raises(RunExists) as removed:
+        store.create_run(run("nightly"))
+    assert removed.value.removed
+    assert store.get_run("nightly") is None
+    store.create_run(run("nightly-2"))
+
+
 def test_reuse_candidates_newest_first_with_outputs(store: Store) -> None:
     for rid, at in (("old", 1.0), ("new", 2.0), ("this", 3.0)):
         store.create_run(run(rid, at, root=f"/roots/{rid}"))

@@ -413,6 +413,31 @@ def test_gc_rm_and_cancel_never_touch_a_running_run(project: Project) -> None:
     assert "live-1" not in {r["run_id"] for r in project.run("runs", "--json").json()}
 
 
+def test_the_id_of_a_deleted_run_is_not_taken_again(project: Project) -> None:
+    """A scheduler's `--run-id report-$(date +%F)`, its run deleted and run
+    again: the sink's idempotency key (run_id/step/item) took the new run's
+    payload for the old one's, already applied, and the old row stayed."""
+    wf = project.write("wf.yaml", """
+        name: rid
+        vars: {v: one}
+        steps:
+          - id: publish
+            publish: {to: "sqlite:///reports.db?table=t", key: k, payload: "{{ vars.v }}"}
+    """)
+    assert project.run("run", str(wf), "--run-id", "nightly-1").code == 0
+    for remove, fresh in ((("rm", "nightly-1"), "nightly-1b"), (("gc", "--keep", "0"), "nightly-1c")):
+        assert project.run(*remove).code == 0
+        again = project.run("run", str(wf), "--run-id", "nightly-1", "--var", "v=two")
+        assert again.code == 2 and again.out == "", again.err
+        assert again.err.strip() == (
+            "run id 'nightly-1' was a run's, since deleted; run ids are never reused (a sink "
+            "would take this run's publish for that run's, already applied): choose another id")
+        assert not (project.root / "runs" / "nightly-1").exists()
+        assert project.run("run", str(wf), "--run-id", fresh).code == 0
+    with sqlite3.connect(project.path / "reports.db") as db:
+        assert db.execute("SELECT payload, run_id FROM t").fetchall() == [('"one"', "nightly-1c")]
+
+
 def test_ui_refuses_a_taken_port_and_a_missing_root(project: Project, tmp_path: Path) -> None:
     import socket
 

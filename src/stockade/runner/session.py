@@ -249,10 +249,14 @@ def _create(p: Prepared, workflow_path: Path) -> None:
             root=str(p.run.root), status=RunStatus.RUNNING, started_at=float(m["started_at"]),
             sandbox=p.sandbox.name, enforced=p.sandbox.enforced,
         ))
-    except RunExists:
+    except RunExists as exc:
         p.store.close()
         if p.remote is not None:
             p.remote.close()
+        if exc.removed:
+            raise UserError(f"run id {run_id!r} was a run's, since deleted; run ids are never "
+                            "reused (a sink would take this run's publish for that run's, "
+                            "already applied): choose another id") from None
         raise UserError(f"run id {run_id!r} is taken in the run store (another root shares it); "
                         "run ids are never reused") from None
     try:

@@ -120,6 +120,9 @@ CREATE TABLE IF NOT EXISTS reuse_index (
     PRIMARY KEY (key, run_id, step, item)
 );
 CREATE INDEX IF NOT EXISTS reuse_run ON reuse_index (run_id);
+CREATE TABLE IF NOT EXISTS removed_runs (
+    run_id TEXT PRIMARY KEY
+);
 CREATE TABLE IF NOT EXISTS last_publish (
     lease TEXT PRIMARY KEY,
     run_id TEXT NOT NULL,

@@ -266,7 +266,11 @@ def tally_from_json(step: str, data: Any) -> StepTally | None:
 
 
 class RunExists(Exception):
-    """``create_run`` was given a run id the store already has."""
+    """``create_run`` was given a run id the store has, or had (``removed``)."""
+
+    def __init__(self, run_id: str, *, removed: bool = False) -> None:
+        super().__init__(run_id)
+        self.removed = removed
 
 
 class Store(abc.ABC):
@@ -274,7 +278,9 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def create_run(self, run: RunRecord) -> None:
-        """Insert a new run; raise ``RunExists`` if the id is taken."""
+        """Insert a new run; raise ``RunExists`` if the id is taken, or was by a
+        run since deleted: an id names one run for good (a sink's idempotency
+        key ``run_id/step/item`` would take a new run's publish for the old one's)."""
 
     @abc.abstractmethod
     def update_run(self, run_id: str, *, status: str, ended_at: float | None) -> None: ...
@@ -293,7 +299,7 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def delete_run(self, run_id: str) -> None:
         """Forget a run: its record, items, attempts, artifacts, events, effects and its
-        entries in the reuse index.
+        entries in the reuse index. Its id is kept, and never given again.
 
         Leases, fences and the last publish per lease stay: they belong to the
         sinks' series, not to one run.

@@ -104,6 +104,9 @@ CREATE TABLE IF NOT EXISTS stockade_reuse_index (
     PRIMARY KEY (key, run_id, step, item)
 );
 CREATE INDEX IF NOT EXISTS stockade_reuse_run ON stockade_reuse_index (run_id);
+CREATE TABLE IF NOT EXISTS stockade_removed_runs (
+    run_id TEXT PRIMARY KEY
+);
 CREATE TABLE IF NOT EXISTS stockade_last_publish (
     lease TEXT PRIMARY KEY,
     run_id TEXT NOT NULL,

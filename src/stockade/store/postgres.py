@@ -133,6 +133,9 @@ class PostgresStore(SQLStore):
     def create_run(self, run: RunRecord) -> None:
         try:
             with self._tx() as cur:
+                cur.execute("SELECT 1 FROM stockade_removed_runs WHERE run_id=%s", (run.run_id,))
+                if cur.fetchone() is not None:
+                    raise RunExists(run.run_id, removed=True)
                 cur.execute(
                     "INSERT INTO stockade_runs VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
                     (run.run_id, run.workflow, run.workflow_path, run.workflow_sha256, run.root,
@@ -153,6 +156,8 @@ class PostgresStore(SQLStore):
             for table in ("artifacts", "items", "attempts", "events", "effects", "reuse_index",
                           "runs"):
                 cur.execute(f"DELETE FROM stockade_{table} WHERE run_id=%s", (run_id,))
+            cur.execute("INSERT INTO stockade_removed_runs VALUES (%s) ON CONFLICT DO NOTHING",
+                        (run_id,))
 
     # -- reuse across runs ---------------------------------------------------
 

@@ -107,12 +107,17 @@ class SQLiteStore(SQLStore):
     # -- runs --------------------------------------------------------------
 
     def create_run(self, run: RunRecord) -> None:
+        def insert() -> list[tuple[str, tuple[Any, ...]]]:
+            if self._db.execute("SELECT 1 FROM removed_runs WHERE run_id=?",
+                                (run.run_id,)).fetchone():
+                raise RunExists(run.run_id, removed=True)
+            return [("INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?)",
+                     (run.run_id, run.workflow, run.workflow_path, run.workflow_sha256, run.root,
+                      run.status, run.started_at, run.ended_at, run.sandbox,
+                      int(run.enforced)))]
+
         try:
-            self._tx([(
-                "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (run.run_id, run.workflow, run.workflow_path, run.workflow_sha256, run.root,
-                 run.status, run.started_at, run.ended_at, run.sandbox, int(run.enforced)),
-            )])
+            self._tx(insert)
         except sqlite3.IntegrityError as exc:
             raise RunExists(run.run_id) from exc
 
@@ -122,7 +127,8 @@ class SQLiteStore(SQLStore):
     def delete_run(self, run_id: str) -> None:
         self._tx([(f"DELETE FROM {table} WHERE run_id=?", (run_id,))
                   for table in ("artifacts", "items", "attempts", "events", "effects",
-                                "reuse_index", "runs")])
+                                "reuse_index", "runs")]
+                 + [("INSERT OR IGNORE INTO removed_runs VALUES (?)", (run_id,))])
 
     # -- reuse across runs ---------------------------------------------------
 
