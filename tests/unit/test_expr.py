@@ -127,6 +127,10 @@ def test_text_templates(source: str, expected: str) -> None:
         ("{{ 'x y' }}", "'x y'"),  # whole templates render as quoted text under shell=True
         ("echo {{ true }} {{ 3 }}", "echo true 3"),
         ("plain $HOME", "plain $HOME"),
+        # A shell's own braces are text, not Jinja tags.
+        ('echo "${#TOKEN}" {{ 3 }}', 'echo "${#TOKEN}" 3'),
+        ("printf '{%s}\\n' {{ 'a b' }}", "printf '{%s}\\n' 'a b'"),
+        ("n=${#arr[@]}; echo {#x} {%d}", "n=${#arr[@]}; echo {#x} {%d}"),
     ],
 )
 def test_shell_quoting(source: str, expected: str) -> None:
@@ -173,6 +177,9 @@ def test_refs_and_usage(source: str, fields: dict[str, Any] | None) -> None:
         ("{% if true %}x{% endif %}", "only {{ }} expressions are allowed"),
         ("a {# comment #}", "only {{ }} expressions are allowed"),
         ("{% raw %}{{ x }}{% endraw %}", "only {{ }} expressions are allowed"),
+        ("{%- set x = 1 %}", "only {{ }} expressions are allowed"),
+        ("a {#\n two lines #} b", "only {{ }} expressions are allowed"),
+        ("a \x00{% if x %}", "only {{ }} expressions are allowed"),
         ("{{ x }}", "unknown name 'x'"),
         ("{{ lipsum() }}", "unknown function 'lipsum'"),
         ("{{ cycler.__init__.__globals__ }}", "private"),

@@ -304,7 +304,17 @@ class StockadeEnvironment(ImmutableSandboxedEnvironment):
 #: Context key holding the ids of callables this render may call (not nameable in templates).
 ALLOWED_KEY = "__stockade_allowed__"
 
+#: Jinja's statement and comment tags are no part of stockade's templates.
+#: With delimiters no one writes, ``{%`` and ``{#`` are text, as a shell
+#: command needs them (``${#name}``, ``printf '{%s}'``); ``template`` refuses
+#: what reads as a Jinja tag all the same.
+BLOCK_START, COMMENT_START = "\x00{%", "\x00{#"
+
 ENV = StockadeEnvironment(
+    block_start_string=BLOCK_START,
+    block_end_string="%}\x00",
+    comment_start_string=COMMENT_START,
+    comment_end_string="#}\x00",
     undefined=_Undefined,
     autoescape=False,
     keep_trailing_newline=True,

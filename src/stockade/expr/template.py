@@ -10,6 +10,7 @@ package.
 from __future__ import annotations
 
 import functools
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -81,7 +82,20 @@ def _line_offset(source: str, lineno: int | None) -> int | None:
     return sum(len(line) + 1 for line in lines[: max(lineno - 1, 0)])
 
 
+#: A Jinja statement (``{% if ... %}``, ``{%- for``) or comment (``{# ... #}``):
+#: refused, where a shell's ``${#name}`` or ``printf '{%s}'`` is text.
+_JINJA_TAG = re.compile(
+    r"\{%-?\s*(?:if|elif|else|endif|for|endfor|set|endset|macro|endmacro|raw|endraw|block"
+    r"|endblock|include|import|from|extends|with|endwith|filter|endfilter|call|endcall"
+    r"|autoescape|endautoescape|do|break|continue)\b|\{#.*?#\}", re.DOTALL)
+
+
 def _check_tags(source: str) -> None:
+    tag = _JINJA_TAG.search(source)
+    if tag is not None:
+        raise ExprError(f"only {{{{ }}}} expressions are allowed (found {tag.group()[:2]!r}); "
+                        "a shell's {# or {% is text, a Jinja statement or comment is not",
+                        tag.start())
     try:
         offset = 0
         for _lineno, kind, value in ENV.lex(source):
@@ -131,7 +145,7 @@ def compile_template(source: str) -> Template:
         raise ExprError(f"a template must be a string, got {type_name(source)}")
     if len(source) > MAX_SOURCE:
         raise ExprError(f"template is {len(source):,} characters long (limit {MAX_SOURCE:,})", 0)
-    if "{{" not in source and "{%" not in source and "{#" not in source:
+    if "{{" not in source and not _JINJA_TAG.search(source) and "\x00" not in source:
         return Template(source, False, False, frozenset(), frozenset(), False, False, (), (), (), (source,))
     _check_tags(source)
     found = Findings()
