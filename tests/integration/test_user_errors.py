@@ -364,3 +364,27 @@ def test_another_runs_outputs_cannot_be_read_through_file_tree_or_mounts(project
         assert lines[2].startswith(f"{wf}:9:") and \
             f"lies in {other}/old-root/runs/yday, a folder of stockade's run records" in lines[2]
     assert [p.name for p in (project.root / "runs").iterdir()] == ["yday"]
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    (None, "is gone"),
+    ("{garbage", "is unreadable (not JSON: "),
+    ("[1]", "is unreadable (it lacks the workflow's path"),
+    ('{"workflow": {"path": "wf.yaml"}}', "is unreadable (it lacks the workflow's path"),
+])
+def test_resume_of_a_run_whose_manifest_was_damaged_says_so(
+        project: Project, content: str | None, why: str) -> None:
+    wf = project.write("wf.yaml", "name: m\nsteps:\n  - id: a\n    run: echo hi\n")
+    assert project.run("run", str(wf), "--run-id", "m1").code == 0
+    manifest = project.root / "runs" / "m1" / "manifest.json"
+    if content is None:
+        manifest.unlink()
+    else:
+        manifest.write_text(content)
+    r = project.run("resume", "m1")
+    assert r.code == 2 and r.out == "", r.err
+    [line] = r.err.splitlines()
+    assert line.startswith(f"run 'm1': its manifest {manifest} {why}"), line
+    assert line.endswith("resume needs the record the run began with: start a new run")
+    shown = project.run("show", "m1")
+    assert shown.code == 0 and "a: 1 succeeded" in shown.out, shown.out

@@ -227,7 +227,7 @@ def _print_step(view: history.RunView, sid: str, *, show_all: bool) -> None:
     usage = view.step_usage(sid)
     if usage:
         extra += f"; tokens {_tokens(usage)}"
-    click.echo(f"{sid} ({kind}): {summary}{extra}")
+    click.echo(f"{sid} ({kind}): {summary}{extra}" if kind else f"{sid}: {summary}{extra}")
     shown = items if show_all else items[:LIST_LIMIT]
     for rec in shown:
         line = f"  {sid}/{rec.label}  {rec.status:<9}"

@@ -105,6 +105,27 @@ def choose_sandbox(requested: str | None, env: Mapping[str, str]) -> SandboxChoi
                          sandbox.start_line(sel))
 
 
+def _resumable_manifest(run: RunDir) -> dict[str, Any]:
+    """The manifest a run began with, holding what resume reads of it; a
+    ``UserError`` for one edited, cut short or unreadable."""
+    why = None
+    try:
+        manifest = read_json(run.manifest)
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or f"not JSON: {exc}"
+    else:
+        wf = manifest.get("workflow") if isinstance(manifest, dict) else None
+        if not (isinstance(wf, dict) and isinstance(wf.get("path"), str)
+                and isinstance(wf.get("sha256"), str)
+                and isinstance(manifest.get("vars"), dict)
+                and isinstance(manifest.get("input_fingerprints"), dict)):
+            why = "it lacks the workflow's path, sha256, vars or input fingerprints"
+    if why is not None:
+        raise UserError(f"run {run.run_id!r}: its manifest {run.manifest} is unreadable ({why}); "
+                        "resume needs the record the run began with: start a new run")
+    return manifest  # type: ignore[no-any-return]
+
+
 def _check_id(run_id: str | None, new_id: Callable[[], str]) -> str:
     if run_id is None:
         return new_id()
@@ -295,8 +316,11 @@ def resume_run(
     root = opts.root.resolve()
     run = RunDir(root, run_id)
     if not run.manifest.exists():
+        if run.path.is_dir():
+            raise UserError(f"run {run_id!r}: its manifest {run.manifest} is gone; resume "
+                            "needs the record the run began with: start a new run")
         raise UserError(f"no run {run_id!r} under {root / 'runs'} (see `stockade runs`)")
-    manifest = read_json(run.manifest)
+    manifest = _resumable_manifest(run)
     store = open_run_store(root, opts.store_url, env)
     record = store.get_run(run_id)
     if record is None:
