@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from stockade.errors import InfraError
 from stockade.publish.sink import SinkUrlError, Write, open_sink, split_table
 from stockade.publish.sql import PostgresSink, SQLiteSink
 from stockade.store import SQLiteStore
@@ -61,6 +62,27 @@ def w(run: str, token: int, key: str = "k", item: int = 0, payload: Any = None,
     return Write(idempotency_key=f"{run}/pub/{item}", key=key,
                  payload={"from": run} if payload is None else payload,
                  run_id=run, token=token, lease=lease)
+
+
+def test_a_table_of_the_users_without_the_columns_is_named_with_them(
+        make_sink: SinkFactory) -> None:
+    # CREATE TABLE IF NOT EXISTS leaves such a table as it was; the first
+    # write then failed with the database's "no such column: fencing_token".
+    sink = make_sink()
+    ddl = "CREATE TABLE daily (key TEXT PRIMARY KEY, payload TEXT)"
+    if isinstance(sink, SQLiteSink):
+        with sqlite3.connect(sink.path) as db:
+            db.execute(ddl)
+    else:
+        with psycopg.connect(sink.conninfo) as conn:
+            conn.execute(ddl)
+    with pytest.raises(InfraError) as refused:
+        sink.write(w("A", 1))
+    assert str(refused.value).startswith("table daily in ")
+    assert str(refused.value).endswith(
+        " has no column fencing_token, run_id, published_at; a publish writes key, payload, "
+        "fencing_token, run_id, published_at: publish to a table of its own (?table=...), "
+        "or add them")
 
 
 def test_table_has_the_design_columns(make_sink: SinkFactory) -> None:

@@ -56,6 +56,29 @@ def test_write_fence_and_replay(tmp_path: Path) -> None:
         ".stockade.lock", "2026-09-14.json", "other.json"]
 
 
+def test_a_key_near_the_name_limit_is_written_and_one_past_it_is_named(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "s.db")
+    sink = DirectorySink(tmp_path / "out", store)
+    # 250 + ".json": within 255. The temporary file, once named after the
+    # target, made this one fail too.
+    assert sink.write(w(key="L" * 250)).status == "applied"
+    assert read(tmp_path / "out", "L" * 250)["key"] == "L" * 250
+    long = sink.write(w(key="L" * 300, item=1))
+    assert long.status == "failed"
+    assert long.message == (
+        f"directory sink {tmp_path / 'out'}: the key makes a file name of 305 bytes, more "
+        "than the filesystem takes (usually 255); use a shorter key")
+
+
+def test_a_file_where_the_folder_goes_is_named(tmp_path: Path) -> None:
+    (tmp_path / "plain").write_text("x")
+    sink = DirectorySink(tmp_path / "plain" / "sub", SQLiteStore(tmp_path / "s.db"))
+    got = sink.write(w())
+    assert got.status == "failed"
+    assert got.message == (f"directory sink {tmp_path / 'plain' / 'sub'}: "
+                           f"{tmp_path / 'plain'} is a file where a folder is needed")
+
+
 def test_leftover_temp_files_are_swept(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()

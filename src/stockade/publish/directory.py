@@ -14,6 +14,7 @@ Must not import runner, workspace, sandbox or cli.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -37,6 +38,20 @@ def file_name(key: str) -> str:
     if name.startswith("."):
         name = "%2E" + name[1:]
     return name + ".json"
+
+
+def _why(exc: OSError, target: Path) -> str:
+    """An OS error of a write to ``target`` in words that say what to change."""
+    if exc.errno == errno.ENAMETOOLONG:
+        return (f"the key makes a file name of {len(os.fsencode(target.name))} bytes, more than "
+                "the filesystem takes (usually 255); use a shorter key")
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR):
+        folder = target.parent
+        blocking = next((p for p in (folder, *folder.parents)
+                         if p.exists() and not p.is_dir()), folder)
+        return f"{blocking} is a file where a folder is needed"
+    where = f" ({exc.filename})" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}"
 
 
 class DirectorySink(Sink):
@@ -112,7 +127,8 @@ class DirectorySink(Sink):
                     )
                 self._replace(target, w)
         except OSError as exc:
-            return WriteResult("failed", w.token, message=f"directory sink {self.directory}: {exc}")
+            return WriteResult("failed", w.token,
+                               message=f"directory sink {self.directory}: {_why(exc, target)}")
         return WriteResult("applied", w.token, message="applied")
 
     def _replace(self, target: Path, w: Write) -> None:
@@ -122,7 +138,9 @@ class DirectorySink(Sink):
              "published_at": self._clock()},
             sort_keys=True, ensure_ascii=False, indent=2,
         ).encode("utf-8") + b"\n"
-        tmp = self.directory / f".{target.name}{TMP_MARK}{uuid.uuid4().hex}"
+        # Not named after the target: a key near the file-name limit would
+        # make the temporary name the one too long.
+        tmp = self.directory / f".stockade{TMP_MARK}{uuid.uuid4().hex}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             try:

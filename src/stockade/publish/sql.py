@@ -52,6 +52,21 @@ def _schema(table: str, *, pg: bool) -> list[str]:
     ]
 
 
+#: The columns of the table a SQL sink writes (DESIGN: Sinks).
+COLUMNS = ("key", "payload", "fencing_token", "run_id", "published_at")
+
+
+def missing_columns(table: str, where: str, have: set[str]) -> None:
+    """Refuse a table that existed before without the columns the sink writes
+    (``CREATE TABLE IF NOT EXISTS`` left it as it was): one message naming them,
+    not a database's "no such column" at the first write."""
+    missing = [c for c in COLUMNS if c not in have]
+    if missing:
+        raise InfraError(
+            f"table {table} in {where} has no column {', '.join(missing)}; a publish writes "
+            f"{', '.join(COLUMNS)}: publish to a table of its own (?table=...), or add them")
+
+
 class _Cursor(Protocol):
     def execute(self, sql: str, args: Any = ...) -> Any: ...
     def fetchone(self) -> Any: ...
@@ -159,8 +174,10 @@ class SQLiteSink(_SqlSink):
             for stmt in _schema(self.table, pg=False):
                 db.execute(stmt)
             db.execute("COMMIT")
+            have = {row[1] for row in db.execute(f'PRAGMA table_info("{self.table}")')}
         except (sqlite3.Error, OSError) as exc:
             raise InfraError(f"cannot open SQLite sink {self.path}: {exc}") from exc
+        missing_columns(self.table, str(self.path), have)
         self._db = db
         return db
 
@@ -236,6 +253,15 @@ class PostgresSink(_SqlSink):
                     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
                     for stmt in _schema(self.table, pg=True):
                         conn.execute(stmt)
+                    have = {row[0] for row in conn.execute(
+                        "SELECT column_name FROM information_schema.columns"
+                        " WHERE table_schema = current_schema() AND table_name = %s",
+                        (self.table,))}
+                try:
+                    missing_columns(self.table, self.name, have)
+                except InfraError:
+                    conn.close()
+                    raise
                 with _pool_lock:
                     _ensured.add((self.conninfo, self.table))
         except psycopg.OperationalError as exc:

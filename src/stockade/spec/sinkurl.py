@@ -32,13 +32,15 @@ class SinkTarget:
     table: str = ""
 
 
-def split_table(url: str) -> tuple[str, str]:
-    """``...?table=t&x=y`` -> (``...?x=y``, ``t``), the table name checked."""
+def split_table(url: str, shown: str | None = None) -> tuple[str, str]:
+    """``...?table=t&x=y`` -> (``...?x=y``, ``t``), the table name checked;
+    ``shown``: the URL as messages name it (default ``url``)."""
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
     tables = [v for k, v in query if k == "table"]
     if len(tables) != 1:
-        raise SinkUrlError(f"sink URL {redact(url)!r} needs exactly one ?table=NAME")
+        raise SinkUrlError(f"sink URL {redact(shown or url)!r} needs exactly one ?table=NAME "
+                           f"({'none' if not tables else f'{len(tables)} given'})")
     table = tables[0]
     if not TABLE_NAME.match(table):
         raise SinkUrlError(f"table name {table!r} must match {TABLE_NAME.pattern}")
@@ -59,7 +61,7 @@ def parse_sink_url(to: str) -> SinkTarget:
     """Check a ``publish.to`` URL without opening anything; ``SinkUrlError`` says what is wrong."""
     if to.startswith("sqlite://"):
         body, _, query = to[len("sqlite://"):].partition("?")
-        _, table = split_table("sqlite:?" + query)
+        _, table = split_table("sqlite:?" + query, to)
         # sqlite:///rel.db -> "/rel.db" -> "rel.db"; sqlite:////abs.db -> "/abs.db".
         path = body[1:] if body.startswith("/") else ""
         if not path:
