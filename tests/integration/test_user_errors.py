@@ -388,3 +388,28 @@ def test_resume_of_a_run_whose_manifest_was_damaged_says_so(
     assert line.endswith("resume needs the record the run began with: start a new run")
     shown = project.run("show", "m1")
     assert shown.code == 0 and "a: 1 succeeded" in shown.out, shown.out
+
+
+def test_a_sink_url_made_from_vars_is_checked_before_the_steps_run(project: Project) -> None:
+    """A `publish.to` of vars alone is known at the start: it used to pass
+    validate, run every step and then fail the publish (exit 1)."""
+    wf = project.write("wf.yaml", """
+        name: s
+        vars: {u: "ftp://x"}
+        steps:
+          - id: a
+            run: echo hi
+          - id: p
+            needs: [a]
+            publish: {to: "{{ vars.u }}", key: k, payload: x}
+    """)
+    for args in (("validate", str(wf)), ("run", str(wf)),
+                 ("run", str(wf), "--var", "u=sqlite:///r.db")):
+        r = project.run(*args)
+        assert r.code == 2, r.err
+        [line] = r.err.splitlines()
+        assert line.startswith(f"{wf}:9:") and "publish.to of step 'p': " in line, line
+    assert not (project.root / "runs").exists()
+    ok = project.run("run", str(wf), "--var", f"u=file://{project.path / 'sink'}")
+    assert ok.code == 0, ok.err
+    assert (project.path / "sink" / "k.json").exists()

@@ -301,7 +301,7 @@ def validate(file: Path) -> None:
 
     spec = load_spec(file)
     build_plan(spec)
-    preflight.check(spec, file.resolve().parent, None)
+    preflight.check(spec, file.resolve().parent, None, dict(spec.workflow.vars))
     for warning in spec.warnings:
         click.echo(str(warning), err=True)
     n = len(spec.workflow.steps)

@@ -286,6 +286,11 @@ def _finish(
                           result.token, warnings=warnings)
 
 
+def _short(key: str, most: int = 60) -> str:
+    """A key for a one-line message: quoted, cut to ``most`` characters."""
+    return repr(key) if len(key) <= most else f"{key[:most]!r}... ({len(key)} characters)"
+
+
 def _flat_series(
     req: PublishRequest, store: Store, sha: str, token: int, clock: Callable[[], float],
 ) -> tuple[str, ...]:
@@ -298,8 +303,8 @@ def _flat_series(
             or prev.input_fingerprint == req.input_fingerprint):
         return ()
     message = (
-        f"payload for {req.key!r} is identical to the previous publish under lease"
-        f" {req.lease!r} ({prev.key!r} from run {prev.run_id}) although the inputs differ:"
+        f"payload for {_short(req.key)} is identical to the previous publish under lease"
+        f" {req.lease!r} ({_short(prev.key)} from run {prev.run_id}) although the inputs differ:"
         " a flat series often means stale data"
     )
     store.add_event(Event(run_id=req.run_id, at=clock(), kind=FLAT_SERIES_EVENT, data={

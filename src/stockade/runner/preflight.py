@@ -7,7 +7,8 @@ spec checks: the host paths ``file()``/``tree()`` name (they must exist and
 be a file or a folder), the ``mounts:`` and ``image:`` paths (they must
 exist), the item keys of a step whose ``for_each`` is a literal list and
 whose ``key:`` reads only ``item`` (each must name an item, none twice)
-and, for a run only, the declared secrets and what
+and a ``publish.to`` made from vars alone (rendered with the run's vars,
+or the defaults for ``validate``) and, for a run only, the declared secrets and what
 each agent step's provider and ``endpoint:`` need from the engine's
 environment (a key or base URL; Azure's resource URL and key; the variable
 ``endpoint.api_key_env`` names).
@@ -21,6 +22,7 @@ import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from stockade.errors import Problem, UserError
 from stockade.expr import ExprError, RenderError, compile_template, render
@@ -28,11 +30,14 @@ from stockade.runner.keys import check_key, key_problem
 from stockade.spec import Spec
 from stockade.spec.model import Step
 from stockade.spec.paths import interface_mount
+from stockade.spec.sinkurl import SinkUrlError, parse_sink_url
 from stockade.workspace.host import host_path_problem, records_folder
 
 
-def preflight(spec: Spec, base: Path, env: Mapping[str, str] | None) -> list[Problem]:
-    """Problems a run of ``spec`` would meet; ``env`` None checks no environment (``validate``)."""
+def preflight(spec: Spec, base: Path, env: Mapping[str, str] | None,
+              values: Mapping[str, Any] | None = None) -> list[Problem]:
+    """Problems a run of ``spec`` would meet; ``env`` None checks no environment
+    (``validate``); ``values``: the run's vars, for what is known from them alone."""
     problems: list[Problem] = []
 
     def add(path: tuple[str | int, ...], message: str) -> None:
@@ -61,6 +66,8 @@ def preflight(spec: Spec, base: Path, env: Mapping[str, str] | None) -> list[Pro
             add(("steps", i, "image"), f"image: {step.image}: {why}")
         if (why := _literal_keys_problem(step)) is not None:
             add(("steps", i, "key"), why)
+        if values is not None and (why := _sink_problem(step, values)) is not None:
+            add(("steps", i, "publish", "to"), why)
     if env is None:
         return _sorted(problems)
     for j, name in enumerate(spec.workflow.secrets):
@@ -84,9 +91,10 @@ def preflight(spec: Spec, base: Path, env: Mapping[str, str] | None) -> list[Pro
     return _sorted(problems)
 
 
-def check(spec: Spec, base: Path, env: Mapping[str, str] | None) -> None:
+def check(spec: Spec, base: Path, env: Mapping[str, str] | None,
+          values: Mapping[str, Any] | None = None) -> None:
     """Raise a ``UserError`` listing every preflight problem, if there is any."""
-    problems = preflight(spec, base, env)
+    problems = preflight(spec, base, env, values)
     if problems:
         raise UserError(problems=problems)
 
@@ -117,6 +125,29 @@ def _literal_keys_problem(step: Step) -> str | None:
         except UserError as exc:
             return str(exc)
     return key_problem(keys, lambda k: k)
+
+
+def _sink_problem(step: Step, values: Mapping[str, Any]) -> str | None:
+    """Why a ``publish.to`` made from vars alone names no sink, or None: known
+    before the run, not after its steps have done their work."""
+    if step.publish is None or "{{" not in step.publish.to:
+        return None
+    try:
+        template = compile_template(step.publish.to)
+    except ExprError:
+        return None  # the spec's own checks report it
+    if template.steps_used or template.uses_item or template.uses_run or template.files \
+            or template.trees:
+        return None
+    try:
+        to = render(template, {"vars": values})
+    except (ExprError, RenderError, UserError):
+        return None  # left to the run, which reports it where it always does
+    try:
+        parse_sink_url(str(to))
+    except SinkUrlError as exc:
+        return f"publish.to of step {step.id!r}: {exc}"
+    return None
 
 
 def _host_path_problem(base: Path, rel: str, *, want_dir: bool) -> str | None:

@@ -216,7 +216,7 @@ def start_run(
     values = apply_overrides(spec, opts.overrides)
     run_id = _check_id(opts.run_id, new_id)
     base = workflow_path.resolve().parent
-    preflight.check(spec, base, env)
+    preflight.check(spec, base, env, values)
     for warning in spec.warnings:
         (on_warning or reporter.echo)(str(warning))
     files, trees = fingerprint_inputs(spec, base)
@@ -337,7 +337,7 @@ def resume_run(
     plan = build_plan(spec)
     values = dict(manifest["vars"])
     base = workflow_path.parent
-    preflight.check(spec, base, env)
+    preflight.check(spec, base, env, values)
     files, trees = fingerprint_inputs(spec, base)
     for key, digest in manifest["input_fingerprints"].items():
         kind, rel = key.split(":", 1)
