@@ -207,6 +207,74 @@ def test_an_unreachable_scheduler_is_one_message(project: Project) -> None:
     assert os.environ.get("STOCKADE_EXECUTOR") is None
 
 
+def test_a_service_that_is_not_dask_is_named_not_waited_on(project: Project) -> None:
+    """An --executor pointing at an HTTP server printed a traceback after a
+    minute (one that answers) or hung (one that waits for a request)."""
+    import socket
+    import threading
+
+    project.write("wf.yaml", FAN)
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        r = project.run("run", "wf.yaml", "--executor", f"dask://127.0.0.1:{port}", timeout=120)
+    finally:
+        server.close()
+    assert r.code == 2 and r.out == "", r.err
+    assert r.err.strip() == (
+        f"error: the service at tcp://127.0.0.1:{port} is not a Dask scheduler (it greeted "
+        "with 'HTTP/1.1'); check --executor / $STOCKADE_EXECUTOR: it takes the address "
+        "`dask scheduler` prints")
+    r = project.run("run", "wf.yaml", "--executor", "dask://127.0.0.1:99999")
+    assert r.code == 2 and r.err.strip() == (
+        "--executor 'dask://127.0.0.1:99999': the port must be a number from 1 to 65535")
+
+
+def test_the_greeting_of_a_dask_scheduler_is_told_from_others() -> None:
+    from stockade.runner.dask_cluster import greets_as_dask
+
+    assert greets_as_dask((58).to_bytes(8, "little") + b"\x01") is None
+    assert greets_as_dask(b"") == "it sent nothing within 10 s of the connection"
+    assert greets_as_dask(b"SSH-2.0-OpenSSH_9.2\r\n") == "it greeted with 'SSH-2.0-OpenSSH_9.2'"
+    assert greets_as_dask(b"\x00\x01") == "it greeted with '\\x00\\x01'"
+
+
+def test_network_open_and_the_schedulers_host_are_refused_on_dask(project: Project) -> None:
+    """A step that can reach the scheduler can have it run code on every
+    worker, outside any jail; refused before the cluster is even reached."""
+    project.write("wf.yaml", """
+        name: net
+        steps:
+          - id: a
+            network: open
+            run: echo hi
+          - id: b
+            network: [api.example.com, "*.corp.example:8786"]
+            run: echo hi
+    """)
+    port = daskcluster.free_port()
+    r = project.run("run", "wf.yaml", "--executor", f"dask://sched.corp.example:{port}")
+    assert r.code == 2 and r.out == "", r.err
+    lines = r.err.splitlines()
+    assert lines[0].startswith("wf.yaml:5:") and "step 'a' has network: open, which on a " \
+        "Dask cluster reaches its scheduler" in lines[0], lines
+    assert lines[1].startswith("wf.yaml:8:") and \
+        "may reach '*.corp.example:8786', the Dask scheduler's host" in lines[1], lines
+    assert len(lines) == 2
+    assert not (project.root / "runs").exists() or not list((project.root / "runs").iterdir())
+
+
 def test_a_job_past_its_timeout_is_killed_on_the_worker(tmp_path: Path, monkeypatch: Any) -> None:
     import time
 

@@ -472,13 +472,17 @@ def test_a_taken_run_id_in_a_shared_store_is_refused_without_an_orphan_folder(
 def test_a_refused_publish_is_not_retried(project: Project) -> None:
     wf = project.write("wf.yaml", """
         name: refusal
-        vars: {scheme: ftp}
         steps:
+          # Made by a step, so known only when the publish runs (one of vars
+          # alone is refused before the run: test_user_errors).
+          - id: scheme
+            run: printf ftp
           - id: pub
+            needs: [scheme]
             retries: 3
             retry_delay: 0
             publish:
-              to: "{{ vars.scheme }}://example/x"
+              to: "{{ steps.scheme.result }}://example/x"
               key: k
               payload: 1
     """)

@@ -13,6 +13,7 @@ when a client is made.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,11 @@ from stockade.errors import InfraError, UserError
 def scheduler_address(url: str) -> str:
     """``dask://HOST:PORT`` (or ``tcp://``, ``tls://``) as a Dask scheduler address."""
     parsed = urlparse(url)
-    if parsed.scheme not in ("dask", "tcp", "tls") or not parsed.hostname or not parsed.port:
+    try:
+        port = parsed.port
+    except ValueError:
+        raise UserError(f"--executor {url!r}: the port must be a number from 1 to 65535") from None
+    if parsed.scheme not in ("dask", "tcp", "tls") or not parsed.hostname or not port:
         raise UserError(f"--executor {url!r}: expected local or dask://HOST:PORT (the address "
                         "`dask scheduler` prints, with dask:// for tcp://)")
     scheme = "tcp" if parsed.scheme == "dask" else parsed.scheme
@@ -49,6 +54,33 @@ def connect(url: str, timeout: float | None = None) -> Any:
                       set_as_default=False)
     except (OSError, TimeoutError) as exc:
         raise _unreachable(address, str(exc)) from None
+    except Exception as exc:  # whatever a peer that is not Dask made its client raise
+        raise _not_dask(address, f"{type(exc).__name__}: {exc}") from None
+
+
+def _not_dask(address: str, why: str) -> InfraError:
+    return InfraError(f"the service at {address} is not a Dask scheduler ({why}); check "
+                      "--executor / $STOCKADE_EXECUTOR: it takes the address `dask scheduler` "
+                      "prints")
+
+
+#: How long a scheduler may take to greet a new connection. Dask's scheduler
+#: writes its handshake as soon as it accepts; Dask's client waits for it
+#: without a limit, so a service that never speaks (an HTTP server) hung it.
+GREETING_WAIT = 10.0
+
+
+def greets_as_dask(first: bytes) -> str | None:
+    """Why the first bytes a service sent are not a Dask handshake, or None.
+    Dask's messages begin with 8-byte little-endian counts (frames, lengths):
+    small numbers, where a text protocol's greeting (``HTTP/1.1``,
+    ``SSH-2.0-``) reads as a huge one."""
+    if not first:
+        return f"it sent nothing within {GREETING_WAIT:.0f} s of the connection"
+    if len(first) >= 8 and int.from_bytes(first[:8], "little") < 1 << 20:
+        return None
+    text = first.split(b"\r\n", 1)[0][:60].decode("ascii", "replace")
+    return f"it greeted with {text!r}"
 
 
 def _unreachable(address: str, why: str) -> InfraError:
@@ -64,12 +96,25 @@ def _refused(address: str, wait: float) -> None:
     is left to the client and its timeout."""
     parsed = urlparse(address)
     try:
-        with socket.create_connection((parsed.hostname or "", parsed.port or 0), timeout=wait):
-            pass
+        with socket.create_connection((parsed.hostname or "", parsed.port or 0),
+                                      timeout=wait) as s:
+            if parsed.scheme != "tcp":
+                return  # TLS speaks first from the client
+            s.settimeout(GREETING_WAIT)
+            first = b""
+            with contextlib.suppress(TimeoutError, OSError):
+                while len(first) < 8:
+                    chunk = s.recv(8 - len(first))
+                    if not chunk:
+                        break
+                    first += chunk
     except ConnectionRefusedError:
         raise _unreachable(address, "nothing is listening there") from None
     except OSError:
         return
+    why = greets_as_dask(first)
+    if why is not None:
+        raise _not_dask(address, why)
 
 
 def probe_workers(client: Any, requested: str | None, full: bool = False) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from stockade.errors import Problem, UserError
 from stockade.expr import ExprError, RenderError, compile_template, render
@@ -97,6 +98,34 @@ def check(spec: Spec, base: Path, env: Mapping[str, str] | None,
     problems = preflight(spec, base, env, values)
     if problems:
         raise UserError(problems=problems)
+
+
+def remote_problems(spec: Spec, url: str) -> list[Problem]:
+    """What a run on the Dask cluster at ``url`` must not do: reach its
+    scheduler, which runs any client's code on every worker, outside any jail.
+    ``network: open`` reaches it; an allowlist may name its host (the proxy
+    refuses private and loopback addresses whatever the list says, so a
+    scheduler on a public address is what is left)."""
+    host = (urlparse(url).hostname or "").lower()
+    problems = []
+    for i, step in enumerate(spec.workflow.steps):
+        if step.network == "open":
+            problems.append(Problem(
+                spec.filename, *spec.position("steps", i, "network"),
+                f"step {step.id!r} has network: open, which on a Dask cluster reaches its "
+                "scheduler, and the scheduler runs any client's code on every worker, outside "
+                "any jail; give the step an allowlist (network: [host, ...]) or run it with "
+                "--executor local"))
+        elif isinstance(step.network, list):
+            for j, pattern in enumerate(step.network):
+                name = pattern.rsplit(":", 1)[0].lower()
+                if host and (name == host or (name.startswith("*.") and host.endswith(name[1:]))):
+                    problems.append(Problem(
+                        spec.filename, *spec.position("steps", i, "network", j),
+                        f"step {step.id!r} may reach {pattern!r}, the Dask scheduler's host, "
+                        "which runs any client's code on every worker, outside any jail; "
+                        "leave it out"))
+    return problems
 
 
 def _literal_keys_problem(step: Step) -> str | None:

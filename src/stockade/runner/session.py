@@ -221,7 +221,7 @@ def start_run(
         (on_warning or reporter.echo)(str(warning))
     files, trees = fingerprint_inputs(spec, base)
     require = spec.workflow.sandbox.require or opts.require_sandbox
-    remote = _open_remote(opts.executor, opts, require, env)
+    remote = _open_remote(opts.executor, opts, require, env, spec)
     try:
         choice = remote_choice(remote) if remote else choose_sandbox(opts.sandbox, env)
         if require and not choice.enforced and remote is None:
@@ -349,7 +349,7 @@ def resume_run(
 
     url = resume_url(opts.executor, manifest)
     require = spec.workflow.sandbox.require
-    remote = _open_remote(url, opts, require, env)
+    remote = _open_remote(url, opts, require, env, spec)
     if remote is not None:
         choice = remote_choice(remote)
     else:
@@ -391,7 +391,7 @@ def resume_run(
 
 
 def _open_remote(option: str | None, opts: RunOptions, require: bool,
-                 env: Mapping[str, str]) -> Any:
+                 env: Mapping[str, str], spec: Spec) -> Any:
     """The run's cluster when ``--executor``/``$STOCKADE_EXECUTOR`` names one, else None."""
     url = executor_url(option, env)
     if url is None:
@@ -399,6 +399,8 @@ def _open_remote(option: str | None, opts: RunOptions, require: bool,
             raise UserError("--artifacts moves files between the engine and Dask workers; "
                             "it needs --executor dask://HOST:PORT")
         return None
+    if problems := preflight.remote_problems(spec, url):
+        raise UserError(problems=problems)
     from stockade.runner.dask_session import open_cluster
 
     return open_cluster(url, opts.sandbox, require, opts.artifacts)
