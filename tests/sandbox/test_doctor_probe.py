@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -83,3 +87,28 @@ def test_selection(requested: str | None, env: dict[str, str], expected: str) ->
 def test_unavailable_or_unknown_backend_is_refused(name: str, hint: str) -> None:
     with pytest.raises(InfraError, match=hint):
         select_backend(name, {})
+
+
+def test_a_tmpdir_below_a_private_folder_keeps_bwrap_enforced(tmp_path: Path) -> None:
+    """A root engine's jails run as uids of their own, and bwrap (as that
+    uid) must reach the bridge points the backend makes in a temp folder: a
+    TMPDIR below a private folder, as a `mktemp -d` or a Dask worker's is,
+    made the probe fail and the backend fall back without a word."""
+    _available("bwrap")
+    private = tmp_path / "private"
+    (private / "tmp").mkdir(parents=True)
+    private.chmod(0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STOCKADE_")}
+    env |= {"TMPDIR": str(private / "tmp"), "STOCKADE_HOME": str(private / "root")}
+    cmd = [sys.executable, "-m", "stockade.cli.main"]
+    doctor = subprocess.run([*cmd, "doctor", "--json"], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert doctor.returncode == 0, doctor.stderr
+    names = {b["name"]: b for b in json.loads(doctor.stdout)["backends"]}
+    assert names["bwrap"]["enforced"] is True, names["bwrap"]
+    wf = tmp_path / "wf.yaml"
+    wf.write_text("name: t\nsteps:\n  - id: a\n    run: echo hi > out/x.txt\n")
+    run = subprocess.run([*cmd, "run", str(wf), "--sandbox", "bwrap", "--run-id", "p1"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert (private / "root/runs/p1/a/0/work/out/x.txt").read_text() == "hi\n"

@@ -77,6 +77,7 @@ from stockade.sandbox._host import (
     reachable_by_others,
     resolved,
     scan_host,
+    searchable_by_others,
     within_hard_limits,
 )
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
@@ -122,6 +123,18 @@ def _memory_tmp() -> str | None:
     shm = "/dev/shm"
     if os.path.isdir(shm) and not os.path.islink(shm) and os.access(shm, os.W_OK | os.X_OK):
         return shm
+    return None
+
+
+def _shared_tmp() -> str | None:
+    """A temp folder every uid can search: the default one when it is, else
+    ``/tmp`` or ``/var/tmp``; None: the default all the same. A root engine's
+    jails run as uids of their own, and bwrap, running as that uid, must
+    reach the bridge points made here: a ``TMPDIR`` below a private folder
+    (a ``mktemp -d`` one, a Dask worker's) hid them."""
+    for d in (tempfile.gettempdir(), "/tmp", "/var/tmp"):
+        if os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK) and searchable_by_others(d):
+            return d
     return None
 
 
@@ -187,8 +200,9 @@ class BwrapBackend(Backend):
         if self._layout is None or self._filter is None:
             # In memory where possible: /etc/ssl/certs alone is hundreds of
             # symlinks, slow to create and delete on a busy disk, every run.
-            self._etc_tmp, etc_lock = owned_tmpdir("stockade-etc-", _memory_tmp())
-            self._bridge_root, bridge_lock = owned_tmpdir("stockade-bridge-")
+            self._etc_tmp, etc_lock = owned_tmpdir("stockade-etc-",
+                                                   _memory_tmp() or _shared_tmp())
+            self._bridge_root, bridge_lock = owned_tmpdir("stockade-bridge-", _shared_tmp())
             # Removed by close(), or at exit for a backend nobody closed (and
             # by the next run's sweep after a SIGKILL: see ``_tmp``).
             self._cleanup = weakref.finalize(
