@@ -336,3 +336,19 @@ def test_an_image_on_dask_is_refused_before_it_is_unpacked(dask_cluster: daskclu
     ok = project.run("run", "wf.yaml", "--sandbox", "bwrap", timeout=300)
     assert ok.code == 0, ok.err
     assert any((project.root / "images").iterdir())
+
+
+def test_a_large_input_prints_no_dask_warning(dask_cluster: daskcluster.Cluster,
+                                              project: Project) -> None:
+    """An input sent in the task (no --artifacts) is the documented trade;
+    Dask's multi-line "Sending large graph" warning landed in the run's output."""
+    big = project.path / "big.bin"
+    big.write_bytes(os.urandom(20 << 20))
+    project.write("wf.yaml", "name: big\nsteps:\n  - id: a\n"
+                  "    inputs: {big.bin: \"{{ file('big.bin') }}\"}\n"
+                  "    run: wc -c < big.bin > out/n.txt\n")
+    r = project.run("run", "wf.yaml", "--executor", dask_cluster.url, "--run-id", "big1",
+                    timeout=300)
+    assert r.code == 0, r.err
+    assert "large graph" not in r.err and "UserWarning" not in r.err, r.err
+    assert (project.item("big1", "a") / "work/out/n.txt").read_text().strip() == str(20 << 20)

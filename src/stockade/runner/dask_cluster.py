@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import warnings
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
@@ -47,6 +48,9 @@ def connect(url: str, timeout: float | None = None) -> Any:
                         "pip install 'stockade[dask]'") from None
     address = scheduler_address(url)
     _refused(address, 5.0 if timeout is None else min(5.0, timeout))
+    # A large input sent without --artifacts is the README's documented
+    # trade; Dask's multi-line warning about it would land in the run's output.
+    warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
     try:
         if timeout is None:
             return Client(address, set_as_default=False)  # type: ignore[no-untyped-call]
