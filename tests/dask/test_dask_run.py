@@ -352,3 +352,30 @@ def test_a_large_input_prints_no_dask_warning(dask_cluster: daskcluster.Cluster,
     assert r.code == 0, r.err
     assert "large graph" not in r.err and "UserWarning" not in r.err, r.err
     assert (project.item("big1", "a") / "work/out/n.txt").read_text().strip() == str(20 << 20)
+
+
+def test_job_folders_of_a_killed_worker_are_swept(tmp_path: Path, monkeypatch: Any) -> None:
+    """A worker SIGKILLed mid-job left its job folder (the item's inputs) in
+    the scratch for good; the next worker process of the user removes the
+    folders of processes that are gone, and only those."""
+    import subprocess
+    import sys
+
+    from stockade.runner import worker
+    from stockade.runner.jobs import Job
+    from stockade.sandbox.policy import Resources
+
+    scratch = tmp_path / "scratch"
+    monkeypatch.setenv("STOCKADE_WORKER_SCRATCH", str(scratch))
+    monkeypatch.setattr(worker, "_swept", set())
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    scratch.mkdir()
+    for name in (f"job-{gone}-abc", "job-1-alive", f"job-{os.getpid()}-mine", "notes"):
+        (scratch / name / "work").mkdir(parents=True)
+    job = Job(id="r/s/0/1", kind="run", attempt=1, command="echo hi", env={}, files=(),
+              folders=("out",), network="none", allow=(), resources=Resources(), timeout=30,
+              sandbox="none", isolate=True, require_enforced=False)
+    assert worker.run_job(job).status == "ran"
+    assert sorted(p.name for p in scratch.iterdir()) == [
+        "job-1-alive", f"job-{os.getpid()}-mine", "notes"]

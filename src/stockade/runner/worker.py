@@ -97,6 +97,31 @@ def _info(backend: str, enforced: bool) -> WorkerInfo:
     return WorkerInfo(name, address, socket.gethostname(), backend, enforced)
 
 
+_swept: set[str] = set()
+_sweep_lock = threading.Lock()
+
+
+def _sweep_once(base: Path) -> None:
+    """Remove the job folders (with their inputs) that a worker process killed
+    mid-job left in ``base``, once per process. Several workers of one user
+    share ``base``: a folder is named after its process (``job-<pid>-*``) and
+    only those of a pid that no longer exists go."""
+    with _sweep_lock:
+        if str(base) in _swept:
+            return
+        _swept.add(str(base))
+    for entry in os.scandir(base):
+        pid = entry.name.split("-")[1] if entry.name.startswith("job-") else ""
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry.path, ignore_errors=True)
+        except PermissionError:
+            pass  # alive, another user's: not ours to judge
+
+
 def _never() -> bool:
     return False
 
@@ -117,7 +142,9 @@ def run_job(job: Job, cancelled: Callable[[], bool] = _never,
             f"refused: worker {info.name} ({info.host}) has no enforced sandbox "
             f"({backend.name}: {reason}) and this run requires one; install bubblewrap "
             "there or run `stockade doctor` on it"))
-    home = Path(tempfile.mkdtemp(prefix="job-", dir=scratch_base()))
+    base = scratch_base()
+    _sweep_once(base)
+    home = Path(tempfile.mkdtemp(prefix=f"job-{os.getpid()}-", dir=base))
     try:
         return _run(job, backend, info, home, cancelled, echo, t0)
     except BlobMismatch as exc:
