@@ -234,3 +234,47 @@ def test_kill_9_mid_fanout_then_resume_postgresql(tmp_path: Path, pg_url: str) -
     assert rows == [(f"r{i:02d}", "pg-1") for i in range(ITEMS)]
     assert sorted(k for k, _ in landed()) == sorted(f"pg-1/publish/{i}" for i in range(ITEMS))
     assert effects == (ITEMS, ITEMS)
+
+
+def test_a_publish_attempt_cut_by_kill_9_is_recorded_as_lost(tmp_path: Path) -> None:
+    """The engine killed while its POST was in flight: resume reran the item as
+    attempt 1 again and the killed attempt, which had reached the sink, was
+    in no record. It is recorded as lost, with the time it claimed the effect."""
+    posted = threading.Event()
+    release = threading.Event()
+
+    class Holding(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            posted.set()
+            release.wait(60)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Holding)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        (tmp_path / "wf.yaml").write_text(
+            "name: held\nsteps:\n  - id: publish\n    publish:\n"
+            f"      to: http://127.0.0.1:{server.server_address[1]}/daily\n"
+            "      key: today\n      payload: 1\n")
+        t0 = time.time()
+        proc = stockade(tmp_path, "run", "wf.yaml", "--run-id", "held-1", wait=False)
+        kill_when(proc, posted.is_set)
+        killed_at = time.time()
+        release.set()
+        done = stockade(tmp_path, "resume", "held-1")
+        assert done.returncode == 0, done.stderr
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+    shown = stockade(tmp_path, "show", "held-1", "publish/0", "--json")
+    attempts = json.loads(shown.stdout)["attempts"]
+    assert [(a["attempt"], a["outcome"]) for a in attempts] == [(1, "lost"), (2, "succeeded")]
+    assert t0 <= attempts[0]["started_at"] <= killed_at
+    assert attempts[0]["message"] == "the engine stopped during this attempt"

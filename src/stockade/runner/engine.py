@@ -397,7 +397,7 @@ class Engine:
             it.resumed = True
             it.base = record_lost_attempts(self.run.run_id, step.id, it.index,
                                            self.run.item(step.id, it.index), self.store,
-                                           self.ctx.clock)
+                                           self.ctx.clock, publish=step.publish is not None)
         attempt = self._attempt(step, it, action.try_)
         if self.prefetch is not None and action.try_ == 1:
             self.prefetch.claim(step.id, it.index)

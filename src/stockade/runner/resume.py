@@ -56,16 +56,20 @@ def unverified(run: RunDir, rec: ItemRecord) -> str | None:
 
 
 def record_lost_attempts(run_id: str, step: str, index: int, idir: ItemDir, store: Store,
-                         clock: Callable[[], float]) -> int:
-    """Record attempts a crashed engine left unfinished; return the last attempt number."""
-    on_disk = idir.attempt_numbers()
-    if not on_disk:
+                         clock: Callable[[], float], *, publish: bool = False) -> int:
+    """Record attempts a crashed engine left unfinished; return the last attempt number.
+
+    A publish attempt leaves nothing on disk; its effect record (claimed as
+    it began, with the attempt's number and time) names it instead."""
+    started: dict[int, float] = {n: clock() for n in idir.attempt_numbers()}
+    if publish and (effect := store.get_effect(f"{run_id}/{step}/{index}")) is not None:
+        started.setdefault(effect.attempt, effect.claimed_at)
+    if not started:
         return 0
     known = {a.attempt for a in store.attempts(run_id, step, index)}
-    for n in on_disk:
+    for n in sorted(started):
         if n not in known:
-            at = clock()
             store.record_attempt(AttemptRecord(
-                run_id, step, index, n, AttemptStatus.LOST, None, at, at,
+                run_id, step, index, n, AttemptStatus.LOST, None, started[n], clock(),
                 "the engine stopped during this attempt"))
-    return on_disk[-1]
+    return max(started)
