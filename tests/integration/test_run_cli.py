@@ -434,6 +434,9 @@ def test_sigkill_then_resume_keeps_verified_items(project: Project) -> None:
     assert attempts[3] == [1, 2]
     lost = project.run("show", "k1", "work/3", "--json").json()["attempts"][0]
     assert lost["outcome"] == "lost"
+    # Its times are the resume's, and it says so (it read as a 0 s attempt).
+    assert lost["message"] == ("the engine stopped during this attempt (when it began was not "
+                               "recorded: its times are the resume's)")
     assert attempts[4][-1] in (1, 2) and attempts[5][-1] in (1, 2)
     total = (project.item("k1", "total") / "meta/1.out").read_text()
     assert json.loads(total) == ["0", "1", "2", "3", "4", "5"]

@@ -61,15 +61,22 @@ def record_lost_attempts(run_id: str, step: str, index: int, idir: ItemDir, stor
 
     A publish attempt leaves nothing on disk; its effect record (claimed as
     it began, with the attempt's number and time) names it instead."""
-    started: dict[int, float] = {n: clock() for n in idir.attempt_numbers()}
+    # The engine records an attempt when it ends (one write per item, not
+    # two): when one began is known only from a publish's claim.
+    started: dict[int, float | None] = dict.fromkeys(idir.attempt_numbers())
     if publish and (effect := store.get_effect(f"{run_id}/{step}/{index}")) is not None:
-        started.setdefault(effect.attempt, effect.claimed_at)
+        started[effect.attempt] = effect.claimed_at
     if not started:
         return 0
     known = {a.attempt for a in store.attempts(run_id, step, index)}
     for n in sorted(started):
         if n not in known:
+            now = clock()
+            began = started[n]
             store.record_attempt(AttemptRecord(
-                run_id, step, index, n, AttemptStatus.LOST, None, started[n], clock(),
-                "the engine stopped during this attempt"))
+                run_id, step, index, n, AttemptStatus.LOST, None,
+                now if began is None else began, now,
+                "the engine stopped during this attempt" + (
+                    " (when it began was not recorded: its times are the resume's)"
+                    if began is None else "")))
     return max(started)
