@@ -3,8 +3,9 @@
 The key is the sha256 of everything that could change an item's outputs:
 the cache format version, the step kind, the rendered command (or the agent
 settings with the rendered prompt), each input's name and sha256, the
-environment the step gets (the host's allowlisted variables and the step's
-own ``env``; never the per-run ``STOCKADE_*`` ones), an HMAC of each secret
+environment the step gets (the host's allowlisted variables, the step's own
+``env``, and ``STOCKADE_STEP``, ``STOCKADE_ITEM`` and ``STOCKADE_ITEM_KEY``;
+never the per-run ``STOCKADE_RUN_ID`` or per-attempt ``STOCKADE_ATTEMPT``), an HMAC of each secret
 value it receives (keyed with ``<root>/reuse.key``, so the store never holds
 a plain hash of a secret), the declared ``outputs``, and the sandbox: backend,
 whether it is enforced, ``isolate``, ``network``, ``resources`` and the
@@ -53,7 +54,13 @@ from stockade.workspace.layout import RunDir
 from stockade.workspace.records import InputRecord, OutputRecord, Provenance, SandboxUse
 
 #: Bump when what goes into a key changes: every earlier key stops matching.
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
+#: What the jail's environment holds that is not keyed. The run id differs in
+#: every run and the attempt number differs between the engine's lookup (the
+#: first attempt) and an item that succeeded on a retry: keyed, neither would
+#: ever be reused. HOME and TMPDIR are the jail's own folders. A command that
+#: prints one of these is reused with the value of the run that made it.
+UNKEYED_ENV = frozenset({"STOCKADE_RUN_ID", "STOCKADE_ATTEMPT", "HOME", "TMPDIR"})
 KEY_FILE = "reuse.key"
 #: ioctl(FICLONE): a copy-on-write clone on btrfs, XFS and others.
 FICLONE = 0x40049409
@@ -146,9 +153,9 @@ def key_for(attempt: Attempt, inputs: Sequence[tuple[str, str]], env: Mapping[st
     """
     step, run = attempt.step, attempt.run
     secret_names = [s for s in step.secrets if s in run.secrets_allowed]
-    plain = {k: v for k, v in env.items()
-             if not k.startswith("STOCKADE_") and k not in secret_names
-             and k not in ("HOME", "TMPDIR")}
+    # The item's step, index and key are keyed: a command that reads them
+    # makes other outputs for another item.
+    plain = {k: v for k, v in env.items() if k not in UNKEYED_ENV and k not in secret_names}
     # A secret's value enters only as an HMAC keyed with the root's own key.
     hashed = {n: hmac.new(run.reuse_secret, env[n].encode(), hashlib.sha256).hexdigest()
               for n in secret_names if n in env}

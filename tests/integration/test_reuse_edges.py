@@ -1,0 +1,60 @@
+"""Reuse across runs at its edges, through the real CLI: what the jail is told about
+its item, steps the engine cannot see into, why an item ran again, the flags and
+types that turn reuse on, and logs of reused items."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.integration.conftest import Project
+
+PER_ITEM = """
+name: envkey
+reuse: true
+vars: {items: ["x y", "p q"]}
+steps:
+  - id: per
+    for_each: "{{ vars.items }}"
+    inputs: {v.txt: "{{ item }}"}
+    run: echo "value=$(cat v.txt) key=$STOCKADE_ITEM_KEY index=$STOCKADE_ITEM"
+  - id: one
+    run: echo "$STOCKADE_STEP"
+  - id: two
+    needs: [one]
+    run: echo "$STOCKADE_STEP"
+  - id: rid
+    run: echo "$STOCKADE_RUN_ID attempt $STOCKADE_ATTEMPT"
+"""
+
+
+def _items(project: Project, run_id: str, step: str) -> list[dict[str, Any]]:
+    r = project.run("show", run_id, step, "--json")
+    assert r.code == 0, r.err
+    return list(r.json()["items"])
+
+
+def _origin(item: dict[str, Any]) -> str | None:
+    return (item["reused_from"] or {}).get("run_id")
+
+
+def test_an_items_key_index_and_step_enter_its_reuse_key(project: Project) -> None:
+    wf = project.write("wf.yaml", PER_ITEM)
+    assert project.run("run", str(wf), "--run-id", "k1").code == 0
+    swapped = 'items=["p q", "x y"]'
+    r = project.run("run", str(wf), "--run-id", "k2", "--var", swapped)
+    assert r.code == 0, r.err
+    per = _items(project, "k2", "per")
+    # Each value now has the other index (and key): its item runs again and
+    # says so, instead of handing on the earlier run's index.
+    assert [i["result"] for i in per] == ["value=p q key=0 index=0",
+                                          "value=x y key=1 index=1"]
+    assert [_origin(i) for i in per] == [None, None]
+    # Two steps with the same command are not taken for each other.
+    assert [i["result"] for i in _items(project, "k2", "one")] == ["one"]
+    assert [i["result"] for i in _items(project, "k2", "two")] == ["two"]
+    # The run id and attempt are not in the key (else nothing would be reused):
+    # such a command is reused with the values of the run that made it.
+    r = project.run("run", str(wf), "--run-id", "k3", "--var", swapped)
+    assert r.code == 0, r.err
+    assert [_origin(i) for i in _items(project, "k3", "per")] == ["k2", "k2"]
+    assert [i["result"] for i in _items(project, "k3", "rid")] == ["k1 attempt 1"]
