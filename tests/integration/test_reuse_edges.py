@@ -4,6 +4,7 @@ types that turn reuse on, and logs of reused items."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tests.integration.conftest import Project
@@ -58,3 +59,45 @@ def test_an_items_key_index_and_step_enter_its_reuse_key(project: Project) -> No
     assert r.code == 0, r.err
     assert [_origin(i) for i in _items(project, "k3", "per")] == ["k2", "k2"]
     assert [i["result"] for i in _items(project, "k3", "rid")] == ["k1 attempt 1"]
+
+
+def test_steps_the_engine_cannot_see_into_are_not_reused_unless_they_opt_in(
+        project: Project, tmp_path: Path) -> None:
+    data = tmp_path / "hostdata.txt"
+    data.write_text("first\n")
+    wf = project.write("wf.yaml", f"""
+        name: host
+        reuse: true
+        steps:
+          - id: peek
+            isolate: false
+            run: cat {data}
+          - id: opted
+            isolate: false
+            reuse: true
+            run: cat {data}
+          - id: net
+            network: open
+            run: echo net
+          - id: plain
+            run: echo plain
+    """)
+    r = project.run("run", str(wf), "--run-id", "h1")
+    assert r.code == 0, r.err
+    data.write_text("second\n")
+    r = project.run("run", str(wf), "--run-id", "h2")
+    assert r.code == 0, r.err
+    peek, opted, net, plain = (_items(project, "h2", s)[0]
+                               for s in ("peek", "opted", "net", "plain"))
+    assert (peek["result"], _origin(peek)) == ("second", None)
+    assert _origin(net) is None
+    # An explicit reuse: true is the user's word that the step reads nothing else.
+    assert (opted["result"], _origin(opted)) == ("first", "h1")
+    assert _origin(plain) == "h1"
+    notes = [line for line in r.err.splitlines() if "not reused" in line]
+    assert len(notes) == 2, r.err
+    assert any("peek: not reused" in n and "isolate: false" in n for n in notes), notes
+    assert any("net: not reused" in n and "network: open" in n for n in notes), notes
+    # No note without reuse.
+    r = project.run("run", str(wf), "--run-id", "h3", "--no-reuse")
+    assert r.code == 0 and "not reused" not in r.err

@@ -73,7 +73,7 @@ from stockade.runner.ledger import FLUSH_SECONDS, Ledger
 from stockade.runner.prefetch import FolderPrefetch
 from stockade.runner.report import Reporter
 from stockade.runner.resume import record_lost_attempts, verified_items
-from stockade.runner.reuse import Keyed, lookup, step_reuses, take
+from stockade.runner.reuse import Keyed, lookup, step_reuses, take, unseen_reads
 from stockade.runner.scheduler import Scheduler
 from stockade.runner.status import ITEM_BAD, AttemptStatus, ItemStatus, RunStatus, StepStatus
 from stockade.runner.summary import RunSummary
@@ -365,6 +365,10 @@ class Engine:
             notes = backend.unapplied(resources_of(step))
             if step.kind == "run":  # an agent's jail has no network
                 notes += backend.network_gaps(network_mode(step))
+            unseen = unseen_reads(step) if self.reuse and step.reuse is None else None
+            if unseen:
+                notes += (f"not reused from earlier runs: {unseen} "
+                          "(reuse: true on the step allows it)",)
             for note in notes:
                 self.reporter.echo(f"{action.step}: {note}")
         self.ledger.event("step_started", {"step": action.step, "items": action.items})

@@ -66,13 +66,37 @@ KEY_FILE = "reuse.key"
 FICLONE = 0x40049409
 
 
+def unseen_reads(step: Step) -> str | None:
+    """What lets ``step`` read what the engine never sees, and so cannot key; None: nothing."""
+    if not step.isolate:
+        return "isolate: false lets it read the host's files"
+    if step.network == "open":
+        return "network: open lets it read from the network"
+    if step.network != "none":
+        return "network: lets it read from the hosts it lists"
+    return None
+
+
+def not_reused_because(step: Step) -> str | None:
+    """Why ``step``'s items are never taken from earlier runs, even in a run with
+    reuse on; None: they may be."""
+    if step.kind in ("publish", "keep"):
+        return f"{step.kind}: steps are never reused"
+    if step.reuse is not None:
+        # An explicit ``reuse: true`` is the user's word that what the step
+        # reads beyond its inputs does not change its outputs.
+        return None if step.reuse else "reuse: false on this step"
+    unseen = unseen_reads(step)
+    if unseen:
+        return f"reuse is off for this step: {unseen} (reuse: true on the step allows it)"
+    if step.kind == "agent":
+        return "reuse is off for agent: steps unless the step says reuse: true"
+    return None
+
+
 def step_reuses(step: Step, run_reuse: bool) -> bool:
     """Whether ``step``'s items may be taken from earlier runs in a run with reuse on."""
-    if not run_reuse or step.kind in ("publish", "keep"):
-        return False
-    if step.reuse is not None:
-        return step.reuse
-    return step.kind == "run"
+    return run_reuse and not_reused_because(step) is None
 
 
 def secret_key(root: Path) -> bytes:
