@@ -222,6 +222,43 @@ def test_stores_made_before_usage_gain_it(store: Store, tmp_path: Path) -> None:
         store.close()
 
 
+def test_items_keep_why_they_were_not_reused(store: Store, tmp_path: Path) -> None:
+    """Each reader gives the reason; a store made before it had the column gains it."""
+    store.create_run(run())
+    why = "an earlier item matched (run r0, a/#1) but its out/x.txt is gone"
+    store.complete_item(ItemRecord("r1", "a", 0, "succeeded", 1, not_reused=why), [])
+    store.record_batch([], [(ItemRecord("r1", "a", 1, "succeeded", 1, not_reused="no"), []),
+                            (ItemRecord("r1", "a", 2, "succeeded", 1), [])])
+    assert [i.not_reused for i in store.items("r1")] == [why, "no", None]
+    assert [i.not_reused for i in store.item_page("r1", "a")] == [why, "no", None]
+    assert (store.get_item("r1", "a", 0) or ItemRecord("", "", 0, "", 0)).not_reused == why
+    assert (store.find_item("r1", "a", key="1") or ItemRecord("", "", 0, "", 0)).not_reused == "no"
+    if isinstance(store, SQLiteStore):
+        import sqlite3
+
+        store.close()
+        with sqlite3.connect(tmp_path / "stockade.db") as db:
+            db.execute("ALTER TABLE items DROP COLUMN not_reused")
+        store = open_store(None, tmp_path)
+    else:
+        import psycopg
+
+        from stockade.store.postgres import PostgresStore
+
+        assert isinstance(store, PostgresStore)
+        url = store.conninfo
+        store.close()
+        with psycopg.connect(url, autocommit=True) as db:
+            db.execute("ALTER TABLE stockade_items DROP COLUMN not_reused")
+        store = open_store(url, tmp_path)
+    try:
+        assert [i.not_reused for i in store.items("r1")] == [None, None, None]
+        store.complete_item(ItemRecord("r1", "a", 3, "succeeded", 1, not_reused=why), [])
+        assert store.items("r1")[3].not_reused == why
+    finally:
+        store.close()
+
+
 def test_events_in_order_after_id(store: Store) -> None:
     for k in ("a", "b", "c"):
         store.add_event(Event("r1", 1.0, k, {"k": k}))

@@ -4,6 +4,7 @@ types that turn reuse on, and logs of reused items."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +102,56 @@ def test_steps_the_engine_cannot_see_into_are_not_reused_unless_they_opt_in(
     # No note without reuse.
     r = project.run("run", str(wf), "--run-id", "h3", "--no-reuse")
     assert r.code == 0 and "not reused" not in r.err
+
+
+REASONS = """
+name: why
+reuse: true
+vars: {nums: [1, 2, 3]}
+steps:
+  - id: sq
+    for_each: "{{ vars.nums }}"
+    inputs: {n.txt: "{{ item }}"}
+    run: echo $(( $(cat n.txt) * $(cat n.txt) )) > out/x.txt
+  - id: host
+    isolate: false
+    run: echo host
+"""
+
+
+def test_why_an_item_ran_again_is_recorded_and_shown(project: Project) -> None:
+    wf = project.write("wf.yaml", REASONS)
+    assert project.run("run", str(wf), "--run-id", "w1").code == 0
+    # Nothing is said when reuse is off.
+    assert project.run("run", str(wf), "--run-id", "w0", "--no-reuse").code == 0
+    assert all(i["not_reused"] is None for i in _items(project, "w0", "sq"))
+    # The newest earlier item with sq/2's key (w0's) is tampered with, the older one is gone.
+    target = project.item("w0", "sq", 1) / "work/out/x.txt"
+    os.chmod(target, 0o644)
+    target.write_text("5\n")
+    older = project.item("w1", "sq", 1) / "work/out/x.txt"
+    os.chmod(older, 0o644)
+    older.unlink()
+    r = project.run("run", str(wf), "--run-id", "w2", "--var", "nums=[1, 2, 4]")
+    assert r.code == 0, r.err
+    sq = _items(project, "w2", "sq")
+    assert _origin(sq[0]) is not None and sq[0]["not_reused"] is None
+    assert _origin(sq[1]) is None and _origin(sq[2]) is None
+    assert sq[1]["not_reused"] == ("an earlier item matched (run w0, sq/#1) but its out/x.txt "
+                                   "no longer matches its sha256")
+    assert sq[2]["not_reused"].startswith("no earlier item")
+    # The run said so when it passed the earlier item over (items are named
+    # by their values: 1, 2, 4).
+    assert any("sq/2: not reused: an earlier item matched" in line and "out/x.txt" in line
+               for line in r.err.splitlines()), r.err
+    host = _items(project, "w2", "host")[0]
+    assert "isolate: false" in host["not_reused"]
+    shown = project.run("show", "w2", "sq/2")
+    assert shown.code == 0 and "not reused: " in shown.out and "out/x.txt" in shown.out
+    one = project.run("show", "w2", "sq/2", "--json").json()
+    assert one["item"]["not_reused"] == sq[1]["not_reused"]
+    why = project.run("why", "w2", "sq/4")
+    assert why.code == 0 and "not reused: no earlier item" in why.out
+    assert project.run("why", "w2", "sq/4", "--json").json()["not_reused"].startswith(
+        "no earlier item")
+    assert "not reused" not in project.run("show", "w2", "sq/1").out

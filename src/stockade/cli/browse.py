@@ -255,6 +255,8 @@ def _print_item(view: history.RunView, d: history.ItemView) -> None:
     click.echo(f"{rec.step}/{rec.label}  (item #{rec.item} of run {view.record.run_id}, "
                f"step kind {d.kind})")
     click.echo(f"  status {rec.status}" + (f"  {rec.message}" if rec.message else ""))
+    if rec.not_reused:
+        click.echo(f"  not reused: {rec.not_reused}")
     if d.kind == "keep":
         click.echo(f"  decision: {'kept' if rec.result is True else 'dropped'}")
     for a in d.attempts:
@@ -354,6 +356,8 @@ def _print_chain(node: dict[str, Any], indent: int) -> None:
     via = f", reused from run {reused['run_id']}" if reused else ""
     click.echo(f"{pad}{node['step']}/{node['key']} attempt {node['attempt']} (run {node['run_id']}"
                f"{via}, sandbox {sb['backend']}{'' if sb['enforced'] else ' NOT enforced'})")
+    if node.get("not_reused"):
+        click.echo(f"{pad}  not reused: {node['not_reused']}")
     if node.get("status") not in (None, "succeeded"):
         label = shlex.quote(f"{node['step']}/{node['key']}")
         click.echo(f"{pad}  {node['status']}: nothing it wrote counts as an output; its "

@@ -73,7 +73,15 @@ from stockade.runner.ledger import FLUSH_SECONDS, Ledger
 from stockade.runner.prefetch import FolderPrefetch
 from stockade.runner.report import Reporter
 from stockade.runner.resume import record_lost_attempts, verified_items
-from stockade.runner.reuse import Keyed, lookup, step_reuses, take, unseen_reads
+from stockade.runner.reuse import (
+    NO_MATCH,
+    UNKEYED,
+    Keyed,
+    lookup,
+    not_reused_because,
+    take,
+    unseen_reads,
+)
 from stockade.runner.scheduler import Scheduler
 from stockade.runner.status import ITEM_BAD, AttemptStatus, ItemStatus, RunStatus, StepStatus
 from stockade.runner.summary import RunSummary
@@ -95,8 +103,10 @@ class _Item:
     #: The attempt number before this execution's first (from disk on resume).
     base: int = 0
     outcome: Outcome | None = None
-    #: The item's reuse key and the earlier items that share it, when the step reuses.
+    #: The item's reuse key and the earlier items that share it, when there are any.
     reuse: Keyed | None = None
+    #: Why a run with reuse on runs the item (``ItemRecord.not_reused``).
+    not_reused: str | None = None
     #: Agent tokens spent by this item's attempts so far (None: none yet).
     usage: dict[str, int] | None = None
     #: Resume looked for attempts a dead engine left (once per item).
@@ -110,6 +120,8 @@ class _StepRun:
     results: dict[int, ItemResult] = field(default_factory=dict)
     retries: int = 0
     reused: int = 0
+    #: Why no item of the step is reused though the run reuses; None: they may be.
+    no_reuse: str | None = None
 
 
 class Engine:
@@ -302,8 +314,10 @@ class Engine:
         if not step.isolate and step.kind in ("run", "agent"):
             self.reporter.echo(f"{sid}: isolate: false - runs WITHOUT a sandbox (recorded)")
             self.ledger.event("isolation_opt_out", {"step": sid})
-        if step_reuses(step, self.reuse):
-            self._find_reusable(sr, done)
+        if self.reuse and not is_inline(step):
+            sr.no_reuse = not_reused_because(step)
+            if sr.no_reuse is None:
+                self._find_reusable(sr, done)
         # Not on resume: an item there may have attempts on disk already.
         if self.prefetch is not None and makes_attempt_folders(step) and not self.resume:
             ahead = [it.index for it in sr.items if it.index not in done
@@ -330,7 +344,10 @@ class Engine:
                 if it.index not in done]
         found = lookup([a for _, a in todo], self.store, self.run.run_id)
         for (it, _), keyed in zip(todo, found, strict=True):
-            it.reuse = keyed
+            if keyed.candidates:
+                it.reuse = keyed
+            else:
+                it.not_reused = NO_MATCH if keyed.key else UNKEYED
         self.ledger.event("reuse_lookup", {
             "step": sr.step.id, "items": len(sr.items),
             "keyed": sum(1 for k in found if k.key), "candidates": sum(1 for k in found
@@ -435,13 +452,18 @@ class Engine:
     def _reuse(self, attempt: Attempt, it: _Item, keyed: Keyed) -> Outcome | None:
         """Take the item from an earlier run if one still verifies; None: it runs."""
         try:
-            return take(attempt, keyed, self.ctx.clock())
+            taken = take(attempt, keyed, self.ctx.clock())
         except OSError as exc:
-            self.reporter.echo(f"warning: {attempt.item}: could not reuse an earlier run's "
-                               f"outputs ({exc.strerror}); running it")
-            return None
+            taken = f"the earlier item's outputs could not be placed here ({exc.strerror})"
         finally:
             it.reuse = None
+        if isinstance(taken, str):
+            # An earlier item matched: why it was passed over is news (as resume
+            # says of its own items).
+            it.not_reused = taken
+            self.reporter.echo(f"{attempt.item}: not reused: {taken}; it runs")
+            return None
+        return taken
 
     def _attempt_ended(self, attempt: Attempt, outcome: Outcome) -> list[Action]:
         sr = self.steps[attempt.step.id]
@@ -494,8 +516,9 @@ class Engine:
             now = self.ctx.clock()
             out = Outcome(AttemptStatus.INTERRUPTED, 0, message="not started: run interrupted",
                           started_at=now, ended_at=now)
-        rec = self.ledger.item_finished(action.step, action.index, status, out, key=it.key,
-                                        value=it.value, usage=it.usage)
+        rec = self.ledger.item_finished(
+            action.step, action.index, status, out, key=it.key, value=it.value, usage=it.usage,
+            not_reused=None if out.reused_from or not out.attempt else it.not_reused or sr.no_reuse)
         sr.results[action.index] = ItemResult(action.index, it.key, status, it.value, out.result,
                                               artifacts_of(rec, self.run.path, self.run.run_id))
         if status in ITEM_BAD:

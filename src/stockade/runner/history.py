@@ -336,6 +336,8 @@ def _chain(store: Store, run_id: str, step: str, index: int, output: str | None,
                                       None)
     if reused:
         node["reused_from"] = dict(reused)
+    elif rec is not None and rec.not_reused:
+        node["not_reused"] = rec.not_reused
     seen.add((run_id, step, index))
     for inp in prov.inputs:
         entry: dict[str, Any] = {"name": inp.name, "sha256": inp.sha256, "size": inp.size,

@@ -63,7 +63,8 @@ class Ledger:
             outcome.provenance))
 
     def item_finished(self, step: str, index: int, status: ItemStatus, out: Outcome, *,
-                      key: str, value: Any, usage: dict[str, int] | None) -> ItemRecord:
+                      key: str, value: Any, usage: dict[str, int] | None,
+                      not_reused: str | None = None) -> ItemRecord:
         """Record an item's end (``out``: its last attempt's outcome) and return
         its record; flush when the batch is full or old enough."""
         arts = [ArtifactRecord(self.run_id, step, index, out.attempt, o.name, o.sha256, o.size)
@@ -75,6 +76,7 @@ class Ledger:
             message=self.masker.text(out.message), started_at=out.started_at,
             ended_at=out.ended_at, outputs=tuple(arts), key=key, usage=usage or {},
             reused_from=dict(out.reused_from) if out.reused_from else None,
+            not_reused=self.masker.text(not_reused) if not_reused else None,
         )
         self._items.append((rec, arts))
         if usage:

@@ -17,7 +17,8 @@ recorded, by sha256, never by size or mtime; ``place`` puts those outputs in
 this run (a reflink where the filesystem has them, else a hard link to a
 file made read-only, else a copy) and returns the item's provenance, which
 names the earlier item as ``reused_from``. A tampered, missing or unreadable earlier output is never
-reused: the item runs.
+reused: the item runs, and the store records why (``not_reused``), as it does
+for every item a run with reuse on runs.
 
 Must not import the engine or the CLI.
 """
@@ -64,6 +65,9 @@ UNKEYED_ENV = frozenset({"STOCKADE_RUN_ID", "STOCKADE_ATTEMPT", "HOME", "TMPDIR"
 KEY_FILE = "reuse.key"
 #: ioctl(FICLONE): a copy-on-write clone on btrfs, XFS and others.
 FICLONE = 0x40049409
+#: Why an item ran, as ``show`` gives it: one string shared by every such item.
+NO_MATCH = "no earlier item with the same inputs, command, environment and sandbox"
+UNKEYED = "its inputs, env or command could not be rendered, so it has no reuse key"
 
 
 def unseen_reads(step: Step) -> str | None:
@@ -187,24 +191,31 @@ def key_for(attempt: Attempt, inputs: Sequence[tuple[str, str]], env: Mapping[st
     return hashlib.sha256(f"{_static_part(attempt)}\n{own}".encode()).hexdigest()
 
 
-def verified(candidate: ReuseCandidate) -> bool:
-    """Every recorded output of the earlier item is there and hashes as recorded."""
+def unverified(candidate: ReuseCandidate) -> str | None:
+    """Why a recorded output of the earlier item no longer stands, or None: each is
+    there and hashes as recorded."""
     out = RunDir(Path(candidate.root), candidate.run_id).item(candidate.step, candidate.item).out
     for o in candidate.outputs:
         try:
             if sha256_file(out / o.name) != (o.sha256, o.size):
-                return False
-        except OSError:
-            return False
-    return True
-
-
-def decide(candidates: Sequence[ReuseCandidate]) -> ReuseCandidate | None:
-    """The newest earlier item whose outputs still verify, or None (the item runs)."""
-    for c in candidates:
-        if verified(c):
-            return c
+                return f"its out/{o.name} no longer matches its sha256"
+        except FileNotFoundError:
+            return f"its out/{o.name} is gone"
+        except OSError as exc:
+            return f"its out/{o.name} cannot be read ({exc.strerror or exc})"
     return None
+
+
+def decide(candidates: Sequence[ReuseCandidate]) -> ReuseCandidate | str:
+    """The newest earlier item whose outputs still verify, or why the newest does not
+    (the item runs)."""
+    first = None
+    for c in candidates:
+        why = unverified(c)
+        if why is None:
+            return c
+        first = first or f"an earlier item matched (run {c.run_id}, {c.step}/#{c.item}) but {why}"
+    return first or NO_MATCH
 
 
 def _link_or_copy(src: Path, dst: Path) -> str:
@@ -326,18 +337,21 @@ def lookup(attempts: Sequence[Attempt], store: Store, run_id: str) -> list[Keyed
     return out
 
 
-def take(attempt: Attempt, keyed: Keyed, now: float) -> Outcome | None:
+def take(attempt: Attempt, keyed: Keyed, now: float) -> Outcome | str:
     """The item's outcome taken from the newest earlier item that still verifies, with its
-    outputs placed in this run; None when none does (the item runs)."""
+    outputs placed in this run; else why not (the item runs)."""
     chosen = decide(keyed.candidates)
-    if chosen is None and keyed.key is not None:
+    if isinstance(chosen, str) and keyed.key is not None:
         # The newest no longer verifies (tampered, removed): try the older ones.
         tried = {(c.run_id, c.step, c.item) for c in keyed.candidates}
         older = attempt.run.store.reuse_candidates(
             [keyed.key], exclude_run=attempt.run.run_id).get(keyed.key, [])
-        chosen = decide([c for c in older if (c.run_id, c.step, c.item) not in tried])
-    if chosen is None:
-        return None
+        rest = [c for c in older if (c.run_id, c.step, c.item) not in tried]
+        if rest and not isinstance(found := decide(rest), str):
+            chosen = found
+    if isinstance(chosen, str):
+        # The newest candidate's reason: the one a user would look at first.
+        return chosen
     record = place(attempt, chosen, keyed.digests, now)
     origin = {"run_id": chosen.run_id, "step": chosen.step, "item": chosen.item,
               "attempt": chosen.attempt}

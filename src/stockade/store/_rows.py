@@ -23,7 +23,7 @@ from stockade.store.base import (
 
 #: The items table's columns in the order ``item_from_row`` reads them: named, never
 #: ``*``, since stores migrated by ALTER TABLE hold them in the order they were added.
-ITEM_COLUMNS = "run_id, step, item, status, attempt, result, value, message, started_at, ended_at, key, reused_from, usage"
+ITEM_COLUMNS = "run_id, step, item, status, attempt, result, value, message, started_at, ended_at, key, reused_from, usage, not_reused"
 
 
 #: One encoder for every row: ``json.dumps`` with any argument builds a new
@@ -80,6 +80,7 @@ def item_from_row(r: Sequence[Any], outputs: Sequence[ArtifactRecord]) -> ItemRe
         key=r[10] if len(r) > 10 and r[10] else str(r[2]),
         reused_from=load_json(r[11]) if len(r) > 11 else None,
         usage=_usage(r[12]) if len(r) > 12 else {},
+        not_reused=r[13] if len(r) > 13 else None,
     )
 
 

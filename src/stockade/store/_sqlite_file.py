@@ -43,6 +43,7 @@ CREATE TABLE IF NOT EXISTS items (
     key TEXT NOT NULL DEFAULT '',
     reused_from TEXT,
     usage TEXT NOT NULL DEFAULT '{}',
+    not_reused TEXT,
     PRIMARY KEY (run_id, step, item)
 );
 CREATE TABLE IF NOT EXISTS artifacts (
@@ -178,7 +179,8 @@ def _migrate(db: sqlite3.Connection) -> None:
                       ("token", "INTEGER NOT NULL DEFAULT 0")):
         if col not in have:
             db.execute(f"ALTER TABLE last_publish ADD COLUMN {col} {decl}")
-    # Stores made before items had keys, reuse origins, token usage.
+    # Stores made before items had keys, reuse origins, token usage, reasons
+    # for not reusing.
     columns = {r[1] for r in db.execute("PRAGMA table_info(items)")}
     if "key" not in columns:
         db.execute("ALTER TABLE items ADD COLUMN key TEXT NOT NULL DEFAULT ''")
@@ -186,6 +188,8 @@ def _migrate(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE items ADD COLUMN reused_from TEXT")
     if "usage" not in columns:
         db.execute("ALTER TABLE items ADD COLUMN usage TEXT NOT NULL DEFAULT '{}'")
+    if "not_reused" not in columns:
+        db.execute("ALTER TABLE items ADD COLUMN not_reused TEXT")
     if "provenance" not in {r[1] for r in db.execute("PRAGMA table_info(attempts)")}:
         db.execute("ALTER TABLE attempts ADD COLUMN provenance TEXT")
     # After the key column exists: looking an item up by key in a 10,000-item step.

@@ -75,6 +75,10 @@ class ItemRecord:
     #: output_tokens, cached_tokens, reasoning_tokens, model_calls (empty for
     #: items that call no model).
     usage: dict[str, int] = field(default_factory=dict)
+    #: Why the item ran instead of being taken from an earlier run, when its run
+    #: reused ("no earlier item with the same key", a tampered earlier output,
+    #: the step's reuse being off); None when it was reused or the run did not reuse.
+    not_reused: str | None = None
 
     @property
     def label(self) -> str:

@@ -125,4 +125,5 @@ CREATE INDEX IF NOT EXISTS stockade_items_key ON stockade_items (run_id, step, k
 CREATE INDEX IF NOT EXISTS stockade_items_tally
     ON stockade_items (run_id, step, status, started_at, ended_at);
 ALTER TABLE stockade_items ADD COLUMN IF NOT EXISTS usage TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE stockade_items ADD COLUMN IF NOT EXISTS not_reused TEXT;
 """

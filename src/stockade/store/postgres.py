@@ -200,16 +200,16 @@ class PostgresStore(SQLStore):
                 (i.run_id, i.step, i.item),
             )
             cur.execute(
-                f"INSERT INTO stockade_items ({ITEM_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
+                f"INSERT INTO stockade_items ({ITEM_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
                 " ON CONFLICT (run_id, step, item) DO UPDATE SET status=EXCLUDED.status,"
                 " attempt=EXCLUDED.attempt, result=EXCLUDED.result, value=EXCLUDED.value,"
                 " message=EXCLUDED.message, started_at=EXCLUDED.started_at,"
                 " ended_at=EXCLUDED.ended_at, key=EXCLUDED.key, reused_from=EXCLUDED.reused_from,"
-                " usage=EXCLUDED.usage",
+                " usage=EXCLUDED.usage, not_reused=EXCLUDED.not_reused",
                 (i.run_id, i.step, i.item, i.status, i.attempt, dump_json(i.result), dump_json(i.value),
                  i.message, i.started_at, i.ended_at, i.key,
                  None if i.reused_from is None else dump_json(i.reused_from),
-                 dump_json(dict(i.usage))),
+                 dump_json(dict(i.usage)), i.not_reused),
             )
             if outputs:
                 cur.executemany(

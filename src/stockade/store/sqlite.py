@@ -46,7 +46,7 @@ NOW_SQL = "(julianday('now') - 2440587.5) * 86400.0"
 
 
 _DELETE_OUTPUTS = "DELETE FROM artifacts WHERE run_id=? AND step=? AND item=?"
-_INSERT_ITEM = f"INSERT OR REPLACE INTO items ({ITEM_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+_INSERT_ITEM = f"INSERT OR REPLACE INTO items ({ITEM_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 _INSERT_OUTPUT = "INSERT INTO artifacts VALUES (?,?,?,?,?,?,?)"
 
 
@@ -166,7 +166,7 @@ class SQLiteStore(SQLStore):
         return (i.run_id, i.step, i.item, i.status, i.attempt, dump_json(i.result),
                 dump_json(i.value), i.message, i.started_at, i.ended_at, i.key,
                 None if i.reused_from is None else dump_json(i.reused_from),
-                dump_json(dict(i.usage)) if i.usage else "{}")
+                dump_json(dict(i.usage)) if i.usage else "{}", i.not_reused)
 
     @staticmethod
     def _output_row(a: ArtifactRecord) -> tuple[Any, ...]:
