@@ -155,3 +155,33 @@ def test_why_an_item_ran_again_is_recorded_and_shown(project: Project) -> None:
     assert project.run("why", "w2", "sq/4", "--json").json()["not_reused"].startswith(
         "no earlier item")
     assert "not reused" not in project.run("show", "w2", "sq/1").out
+
+
+def test_reuse_and_no_reuse_together_are_refused(project: Project) -> None:
+    wf = project.write("wf.yaml", "name: f\nsteps:\n  - id: a\n    run: echo 1\n")
+    for flags in (("--reuse", "--no-reuse"), ("--no-reuse", "--reuse")):
+        r = project.run("run", str(wf), *flags)
+        assert r.code == 2, r.err
+        assert len(r.err.strip().splitlines()) == 1 and "--reuse" in r.err, r.err
+    assert not (project.root / "runs").exists() or not any((project.root / "runs").iterdir())
+
+
+def test_the_workflows_booleans_are_yaml_booleans(project: Project) -> None:
+    for i, (text, where) in enumerate([
+        ('name: b\nreuse: "yes"\nsteps:\n  - id: a\n    run: echo 1\n', "2:8: reuse"),
+        ("name: b\nsteps:\n  - id: a\n    reuse: 1\n    run: echo 1\n",
+         "4:12: reuse of step 'a'"),
+        ("name: b\nsteps:\n  - id: a\n    reuse: 0\n    run: echo 1\n",
+         "4:12: reuse of step 'a'"),
+        ("name: b\nsteps:\n  - id: a\n    isolate: 'no'\n    run: echo 1\n",
+         "4:14: isolate of step 'a'"),
+        ("name: b\nsandbox: {require: 1}\nsteps:\n  - id: a\n    run: echo 1\n",
+         "2:20: sandbox.require"),
+    ]):
+        wf = project.write(f"b{i}.yaml", text)
+        r = project.run("validate", str(wf))
+        assert r.code == 2, r.err
+        assert r.err.startswith(f"{wf}:{where} must be true or false"), r.err
+    ok = project.write("ok.yaml", "name: b\nreuse: true\nsteps:\n  - id: a\n"
+                                  "    reuse: false\n    isolate: true\n    run: echo 1\n")
+    assert project.run("validate", str(ok)).code == 0

@@ -212,16 +212,24 @@ def _announce(as_json: bool, reporter: Any) -> Callable[[str, Path, Any], None]:
               help="backend: bwrap, landlock, sandbox-exec or none (default: best available)")
 @click.option("--store", "store_url", default=None, envvar="STOCKADE_STORE",
               help="run store: a PostgreSQL URL (default: SQLite in the root)")
-@click.option("--reuse/--no-reuse", "reuse", default=None,
+# Two flags, not click's --reuse/--no-reuse pair, where the last one given
+# wins: a script that appends one to a command holding the other is refused.
+@click.option("--reuse", "reuse_on", is_flag=True,
               help="take unchanged items from earlier runs (default: the workflow's reuse:)")
+@click.option("--no-reuse", "reuse_off", is_flag=True,
+              help="run every item, whatever the workflow's reuse: says")
 @executor_option
 @artifacts_option
 @json_option
 @friendly
 def run(file: Path, run_id: str | None, vars_: tuple[str, ...], jobs: int | None, root: str | None,
         require_sandbox: bool, sandbox_name: str | None, store_url: str | None,
-        reuse: bool | None, executor: str | None, artifacts: str | None, as_json: bool) -> None:
+        reuse_on: bool, reuse_off: bool, executor: str | None, artifacts: str | None,
+        as_json: bool) -> None:
     """Start a run of FILE and execute it."""
+    if reuse_on and reuse_off:
+        raise UserError("--reuse and --no-reuse contradict each other: give one of them")
+    reuse = True if reuse_on else False if reuse_off else None
     # The sandbox's probe jail runs while the run path is imported.
     from stockade.runner import early_probe
 

@@ -16,9 +16,12 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StringConstraints,
+    field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from stockade.spec.sizes import parse_size
 
@@ -51,8 +54,10 @@ class _Strict(BaseModel):
 YEAR = 365 * 86400
 
 
+#: Every boolean of the workflow is a YAML true or false: pydantic would take
+#: "yes", "off", 1 and 0, and a quoted "false" would read as true to a person.
 class SandboxSettings(_Strict):
-    require: bool = False
+    require: StrictBool = False
 
 
 class Resources(_Strict):
@@ -165,10 +170,10 @@ class Step(_Strict):
     on_item_failure: Literal["fail", "continue"] = "fail"
     #: Whether items may be taken from earlier runs (default: run: yes, agent: no; never
     #: publish: or keep:), when the run reuses (``--reuse`` or the workflow's ``reuse:``).
-    reuse: bool | None = None
+    reuse: StrictBool | None = None
     network: Literal["none", "open"] | list[NetworkHost] = "none"
     resources: Resources = Field(default_factory=Resources)
-    isolate: bool = True
+    isolate: StrictBool = True
     #: Host paths shown read-only at the same path in the jail (toolchains); ``run:`` only.
     mounts: list[HostPath] = Field(default_factory=list)
     #: A root filesystem instead of the host's: a folder, an OCI layout or a ``docker
@@ -178,6 +183,15 @@ class Step(_Strict):
     agent: Agent | None = None
     keep: Any = None
     publish: Publish | None = None
+
+    @field_validator("reuse", mode="before")
+    @classmethod
+    def _reuse_given(cls, value: Any) -> Any:
+        # None stands for "not given" (the kind's default); a written null is
+        # no boolean, as at the top level.
+        if value is None:
+            raise PydanticCustomError("bool_type", "Input should be a valid boolean")
+        return value
 
     @model_validator(mode="after")
     def _one_kind(self) -> Step:
@@ -232,7 +246,7 @@ class Workflow(_Strict):
     secrets: list[SecretName] = Field(default_factory=list)
     notify: list[Notify] = Field(default_factory=list)
     #: Reuse unchanged items from earlier runs by default (``--no-reuse`` turns it off).
-    reuse: bool = False
+    reuse: StrictBool = False
     #: Host paths shown read-only in every ``run:`` step's jail (toolchains).
     mounts: list[HostPath] = Field(default_factory=list)
     steps: Annotated[list[Step], Field(min_length=1)]

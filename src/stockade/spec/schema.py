@@ -130,6 +130,9 @@ def json_schema() -> dict[str, Any]:
         props = step["properties"]
         props["for_each"].update({"anyOf": [{"type": "string", "pattern": "\\{\\{"}, {"type": "array"}]})
         props["keep"].update({"type": "string", "pattern": "^\\s*\\{\\{[\\s\\S]*\\}\\}\\s*$"})
+        # Unset is the kind's default; a written null is refused (``Step._reuse_given``).
+        props["reuse"] = {k: v for k, v in props["reuse"].items() if k not in ("anyOf", "default")}
+        props["reuse"]["type"] = "boolean"
         step["oneOf"] = [{"required": [kind]} for kind in STEP_KINDS]
         step["dependentRequired"] = {"keep": ["for_each"], "key": ["for_each"]}
     return {
