@@ -4,6 +4,7 @@ types that turn reuse on, and logs of reused items."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -185,3 +186,23 @@ def test_the_workflows_booleans_are_yaml_booleans(project: Project) -> None:
     ok = project.write("ok.yaml", "name: b\nreuse: true\nsteps:\n  - id: a\n"
                                   "    reuse: false\n    isolate: true\n    run: echo 1\n")
     assert project.run("validate", str(ok)).code == 0
+
+
+def test_logs_say_attempts_count_from_one_and_when_the_origin_run_is_gone(
+        project: Project) -> None:
+    wf = project.write("wf.yaml", "name: l\nsteps:\n  - id: a\n    run: echo hi\n")
+    assert project.run("run", str(wf), "--run-id", "l1").code == 0
+    for n in ("0", "-1"):
+        r = project.run("logs", "l1", "a", "--attempt", n)
+        assert r.code == 2 and "numbered from 1" in r.err, r.err
+        assert len(r.err.strip().splitlines()) == 1
+    assert project.run("run", str(wf), "--run-id", "l2", "--reuse").code == 0
+    r = project.run("logs", "l2", "a")
+    assert r.code == 2 and "stockade logs l1 a" in r.err, r.err
+    assert project.run("rm", "l1").code == 0
+    r = project.run("logs", "l2", "a")
+    assert r.code == 2, r.err
+    assert "removed" in r.err and "stockade logs l1" not in r.err, r.err
+    assert len(r.err.strip().splitlines()) == 1
+    assert (project.item("l2", "a") / "work/out").is_dir()
+    assert json.loads(project.run("show", "l2", "a", "--json").out)["item"]["reused_from"]

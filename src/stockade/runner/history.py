@@ -268,11 +268,11 @@ def log(store: Store, record: RunRecord, item: ItemRecord, which: str, attempt: 
     if kind == "publish":
         raise UserError(f"{label} is a publish item: it runs no process; its outcome is in "
                         f"`stockade show {record.run_id} {shlex.quote(label)}`")
+    if attempt is not None and attempt < 1:
+        raise UserError(f"--attempt {attempt}: attempts are numbered from 1 (without "
+                        f"--attempt, logs gives {label}'s last)")
     if item.reused_from:
-        origin = item.reused_from
-        raise UserError(f"{label} was reused from run {origin.get('run_id')}: it ran there "
-                        f"(stockade logs {origin.get('run_id')} {origin.get('step')}/"
-                        f"#{origin.get('item')})")
+        raise UserError(_reused_logs(store, record, item, label))
     idir = item_dir(record, item)
     known = [a.attempt for a in store.attempts(record.run_id, item.step, item.item)]
     on_disk = idir.attempt_numbers()
@@ -289,6 +289,23 @@ def log(store: Store, record: RunRecord, item: ItemRecord, which: str, attempt: 
         return path.read_bytes()
     except FileNotFoundError:
         return b""  # stderr is kept only when the attempt wrote any
+
+
+def _reused_logs(store: Store, record: RunRecord, item: ItemRecord, label: str) -> str:
+    """Where a reused item's logs are: the run it came from, unless that is gone."""
+    origin = item.reused_from or {}
+    run_id = str(origin.get("run_id"))
+    src = None
+    with contextlib.suppress(ValueError, TypeError):
+        if store.get_run(run_id) is not None:
+            src = store.get_item(run_id, str(origin.get("step")), int(origin.get("item", 0)))
+    if src is None:
+        # Reuse placed the outputs in this run's folder: they outlive the removal.
+        return (f"{label} was reused from run {run_id}, which has since been removed with its "
+                f"logs; its outputs are still in this run (stockade show {record.run_id} "
+                f"{shlex.quote(label)})")
+    return (f"{label} was reused from run {run_id}: it ran there (stockade logs {run_id} "
+            f"{shlex.quote(f'{src.step}/{src.label}')})")
 
 
 def provenance_chain(store: Store, record: RunRecord, item: ItemRecord, output: str | None,
