@@ -50,7 +50,7 @@ from stockade.store.base import (
 #: Every table of the store, as SQLite names it (both schemas are checked
 #: against it in ``tests/unit/test_store_sql.py``).
 TABLES = ("runs", "items", "attempts", "artifacts", "events", "effects", "leases", "lease_users",
-          "fences", "last_publish", "reuse_index")
+          "fences", "last_publish", "reuse_index", "removed_runs")
 _TABLE = re.compile(r"\b(FROM|JOIN)(\s+)(" + "|".join(TABLES) + r")\b")
 
 
