@@ -22,15 +22,12 @@ import random
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stockade.errors import UserError
-from stockade.expr import compile_template, render
-from stockade.plan import Plan, expand
+from stockade.plan import Plan
 from stockade.runner.attempt import (
     ITEM_ERRORS,
     Attempt,
@@ -62,8 +59,8 @@ from stockade.runner.events import (
     Tick,
 )
 from stockade.runner.executor import Executor
+from stockade.runner.fanout import items_of
 from stockade.runner.gcpace import collector_paced
-from stockade.runner.keys import check_key, item_keys, key_problem
 from stockade.runner.kinds import inline_kind, is_inline, makes_attempt_folders
 from stockade.runner.kinds.process import (
     network_mode,
@@ -277,26 +274,12 @@ class Engine:
             ctx["item"] = item
         return ctx
 
-    def _locate(self, step: str, *path: str | int) -> str:
-        return self.ctx.locate(step, path)
-
     def _expand(self, sid: str) -> Event:
         sr = self.steps[sid]
         step = sr.step
         now = self.ctx.clock()
         try:
-            values = self._values(step)
-            explicit = None
-            if step.key is not None:
-                template = compile_template(step.key)
-                with self._located(sid, "key"):
-                    explicit = [check_key(render(template, self.context(step, v, with_item=True),
-                                                 functions=self.ctx.functions)) for v in values]
-            keys = item_keys(values, explicit)
-            problem = key_problem(keys, self.ctx.masker.text)
-            if problem:
-                raise UserError(f"{self._locate(sid, 'key' if explicit else 'for_each')}: "
-                                f"{problem}")
+            values, keys = items_of(step, self.ctx, self.context)
         except ITEM_ERRORS as exc:
             message = self.ctx.masker.text(error_message(exc))
             self.ledger.step_record(sid, ItemStatus.ERRORED, message)
@@ -353,24 +336,6 @@ class Engine:
             "keyed": sum(1 for k in found if k.key), "candidates": sum(1 for k in found
                                                                         if k.candidates),
             "seconds": round(time.perf_counter() - t0, 4)})
-
-    def _values(self, step: Step) -> list[Any]:
-        if step.for_each is None:
-            return [None]
-        with self._located(step.id, "for_each"):
-            if isinstance(step.for_each, str):
-                value = render(compile_template(step.for_each), self.context(step),
-                               functions=self.ctx.functions)
-            else:
-                value = step.for_each
-            return expand(value)
-
-    @contextmanager
-    def _located(self, sid: str, *path: str | int) -> Iterator[None]:
-        try:
-            yield
-        except ITEM_ERRORS as exc:
-            raise UserError(f"{self._locate(sid, *path)}: {error_message(exc)}") from exc
 
     def _step_started(self, action: StepStarted) -> None:
         self.reporter.step_started(action.step, action.items)
