@@ -1,4 +1,4 @@
-"""How times and durations are written for people, the same in the CLI and the web UI.
+"""How times, durations and names are written for people, the same in the CLI and the web UI.
 
 Pure: values in, text out. Standard library only.
 """
@@ -27,3 +27,26 @@ def duration(seconds: float | None, *, fine: bool = False) -> str:
         return f"{m}m{s:02d}s"
     h, m = divmod(m, 60)
     return f"{h}h{m:02d}m"
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal: each non-printable character escaped as Python does.
+
+    A file name may carry a carriage return, an escape sequence or a bidi
+    control (a ``run:`` step can make any name in ``out/``); printed raw it
+    would rewrite the line around it. A carriage return is shown as
+    ``\\r``, an escape as ``\\x1b``, a bidi override as ``\\u202e``.
+    Text that is all printable comes back unchanged; otherwise backslashes
+    are doubled too, so an escape cannot be mistaken for the name itself.
+    """
+    if text.isprintable():
+        return text
+    out = []
+    for c in text:
+        if c == "\\":
+            out.append("\\\\")
+        elif c.isprintable():
+            out.append(c)
+        else:
+            out.append(repr(c)[1:-1])
+    return "".join(out)

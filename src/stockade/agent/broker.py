@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from stockade._show import printable
 from stockade.agent import endpoints, guard, provider_errors, transport, wire
 from stockade.agent.conversation import Conversation, body_delta, missing_outputs, reminder, verdict
 from stockade.agent.gate import Snapshot, sha256_file
@@ -378,7 +379,7 @@ class Broker:
         except guard.PathRejected as e:
             self._rec.append("writes.jsonl", {"event": "rejected", "tool": tool, "path": str(payload.get("path")), "reason": str(e)})
             return {"ok": False, "error": str(e)}
-        self._echo(f"WRITE TARGET: {rel}")
+        self._echo(f"WRITE TARGET: {printable(rel)}")
         self._rec.append("writes.jsonl", {"event": "intent", "tool": tool, "path": rel})
         if self.cfg.approve == "ask":
             if not self.cfg.interactive:

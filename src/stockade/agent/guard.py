@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -23,12 +24,48 @@ class PathRejected(ValueError):
 
 _PROMPT_TRIM = ".,;:!?()[]{}<>\"'`*"
 
+#: Bidirectional text controls: they reorder what a terminal shows
+#: (``out/\u202egpj.sh`` reads as ``out/hs.jpg``).
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+#: Characters a name part of a ``writes`` glob may match: never a control,
+#: a bidi control or a line separator, whatever the pattern says.
+_NAME_CHAR = r"[^/\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]"
+
+
+def unprintable(text: str) -> str | None:
+    """Why ``text`` cannot name a file an agent writes, or None.
+
+    A carriage return or an escape sequence rewrites the terminal line that
+    echoes the target or asks for approval; a newline forges sections of the
+    handed-out diff; a bidi control shows the name in another order. So C0
+    and C1 controls, DEL, format characters (category Cf, bidi controls
+    among them), line and paragraph separators and lone surrogates are out.
+    """
+    for c in text:
+        cat = unicodedata.category(c)
+        if cat == "Cc":
+            kind = "a control character"
+        elif c in _BIDI:
+            kind = "a bidirectional text control"
+        elif cat == "Cf":
+            kind = "an invisible format character"
+        elif cat in ("Zl", "Zp"):
+            kind = "a line or paragraph separator"
+        elif cat == "Cs":
+            kind = "an unpaired surrogate"
+        else:
+            continue
+        return (f"the path contains {kind} (U+{ord(c):04X}); name files with printable "
+                "characters. Nothing was written")
+    return None
+
 
 def normalise(raw: object, *, allow_root: bool = False) -> str:
     """A work-relative POSIX path, or ``PathRejected``.
 
     No absolute paths, no ``~``, no ``..`` anywhere (even ones that would
-    cancel out), no backslashes, no NUL. ``allow_root`` admits ``.`` (for
+    cancel out), no backslashes, no NUL nor any character ``unprintable``
+    names. ``allow_root`` admits ``.`` (for
     ``list_dir``); write targets always name a file below the root.
     """
     if not isinstance(raw, str):
@@ -37,6 +74,9 @@ def normalise(raw: object, *, allow_root: bool = False) -> str:
         raise PathRejected("path must be a non-empty string without surrounding spaces")
     if "\x00" in raw or "\\" in raw:
         raise PathRejected(f"path {raw!r} contains a NUL or a backslash")
+    why = unprintable(raw)
+    if why:
+        raise PathRejected(why)
     if raw.startswith(("/", "~")):
         raise PathRejected(f"absolute paths are forbidden: {raw!r}; use a path relative to the work directory")
     parts = raw.split("/")
@@ -66,22 +106,25 @@ def resolve_inside(root: Path, rel: str) -> Path:
 
 
 def glob_to_regex(pattern: str) -> re.Pattern[str]:
-    """Compile a ``writes`` glob: ``**`` spans directories, ``*`` and ``?`` do not."""
+    """Compile a ``writes`` glob: ``**`` spans directories, ``*`` and ``?`` do not.
+
+    No wildcard matches a control or format character (``_NAME_CHAR``).
+    """
     out: list[str] = []
     i = 0
     while i < len(pattern):
         c = pattern[i]
         if pattern.startswith("**/", i):
-            out.append("(?:[^/]+/)*")
+            out.append(f"(?:{_NAME_CHAR}+/)*")
             i += 3
         elif pattern.startswith("**", i):
-            out.append(".*")
+            out.append(f"(?:{_NAME_CHAR}|/)*")
             i += 2
         elif c == "*":
-            out.append("[^/]*")
+            out.append(f"{_NAME_CHAR}*")
             i += 1
         elif c == "?":
-            out.append("[^/]")
+            out.append(_NAME_CHAR)
             i += 1
         else:
             out.append(re.escape(c))
@@ -91,6 +134,8 @@ def glob_to_regex(pattern: str) -> re.Pattern[str]:
 
 def allowed_by(path: str, writes: Iterable[str]) -> bool:
     """Whether a normalised path matches one of the step's ``writes`` globs."""
+    if unprintable(path):
+        return False  # whatever a pattern spells out literally
     return any(glob_to_regex(posixpath.normpath(g)).match(path) for g in writes)
 
 

@@ -31,6 +31,7 @@ from types import TracebackType
 
 import httpx
 
+from stockade._show import printable
 from stockade.agent import AgentJob, AgentLaunch, AgentOutcome, endpoints, gate, patch, ship, wire
 from stockade.agent.broker import Broker, BrokerConfig, BrokerServer
 from stockade.agent.record import Recorder
@@ -47,7 +48,9 @@ def ask_on_tty(path: str) -> bool:
         except OSError:
             return False
         try:
-            os.write(fd, f"Allow the agent to write {path}? [y/N] ".encode())
+            # The broker refuses such names; escaping here still keeps one that
+            # got through from rewriting the question (a CR, an escape sequence).
+            os.write(fd, f"Allow the agent to write {printable(path)}? [y/N] ".encode())
             line = b""
             while not line.endswith(b"\n"):
                 chunk = os.read(fd, 256)

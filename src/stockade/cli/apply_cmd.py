@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from stockade._show import printable
 from stockade.agent.apply import ApplyRefused, execute, plan_apply
 from stockade.cli.main import _root, friendly, root_option
 from stockade.runner.runs import resolve_item, resolve_run
@@ -45,7 +46,7 @@ def apply(run_id: str, step_item: str, dest: Path, yes: bool, root: str | None) 
         click.echo(f"{label} changed nothing; nothing to apply.")
         return
     for t in plan.targets:
-        click.echo(f"TARGET: {t.host}{'  (new file)' if t.new else ''}")
+        click.echo(f"TARGET: {printable(str(t.host))}{'  (new file)' if t.new else ''}")
     if not yes and not click.confirm(f"Apply {len(plan.targets)} change(s) to {plan.dest}?",
                                      default=False):
         raise ApplyRefused("not confirmed; nothing applied")

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from stockade._show import duration, when
+from stockade._show import duration, printable, when
 from stockade.cli.main import _root, friendly, json_option, root_option
 from stockade.errors import UserError
 from stockade.runner import history
@@ -236,12 +236,12 @@ def _print_step(view: history.RunView, sid: str, *, show_all: bool) -> None:
         if kind == "keep" and rec.status == "succeeded":
             line += "  kept" if rec.result is True else "  dropped"
         elif rec.message:
-            line += f"  {rec.message}"
+            line += f"  {printable(rec.message)}"
         click.echo(line)
         outs = rec.outputs
         if total == 1 or show_all:
             for o in outs:
-                click.echo(f"      out/{o.name}  {o.size} bytes  sha256 {o.sha256[:16]}")
+                click.echo(f"      out/{printable(o.name)}  {o.size} bytes  sha256 {o.sha256[:16]}")
         elif outs:
             click.echo(f"      {len(outs)} output{'s' if len(outs) != 1 else ''} "
                        f"(stockade show {view.record.run_id} {shlex.quote(f'{sid}/{rec.label}')})")
@@ -254,7 +254,7 @@ def _print_item(view: history.RunView, d: history.ItemView) -> None:
     rec = d.record
     click.echo(f"{rec.step}/{rec.label}  (item #{rec.item} of run {view.record.run_id}, "
                f"step kind {d.kind})")
-    click.echo(f"  status {rec.status}" + (f"  {rec.message}" if rec.message else ""))
+    click.echo(f"  status {rec.status}" + (f"  {printable(rec.message)}" if rec.message else ""))
     if rec.not_reused:
         click.echo(f"  not reused: {rec.not_reused}")
     if d.kind == "keep":
@@ -265,14 +265,14 @@ def _print_item(view: history.RunView, d: history.ItemView) -> None:
                    f"{a.ended_at - a.started_at:.2f}s"
                    + (f"  exit {a.exit_code}" if a.exit_code is not None else "")
                    + (f"  on worker {worker.get('name')}" if worker else "")
-                   + (f"  {a.message}" if a.message else ""))
+                   + (f"  {printable(a.message)}" if a.message else ""))
     if rec.status in UNFINISHED and all(a.attempt != rec.attempt for a in d.attempts):
         click.echo(f"  attempt {rec.attempt}: {rec.status}"
-                   + (f"  {rec.message}" if rec.message else ""))
+                   + (f"  {printable(rec.message)}" if rec.message else ""))
     if rec.usage:
         click.echo(f"  tokens: {_tokens(rec.usage)}")
     for o in rec.outputs:
-        click.echo(f"  out/{o.name}  {o.size} bytes  sha256 {o.sha256}")
+        click.echo(f"  out/{printable(o.name)}  {o.size} bytes  sha256 {o.sha256}")
     if d.publish:
         p = d.publish
         click.echo(f"  published key {p.get('key')!r} to {p.get('to')} under lease "
@@ -347,7 +347,7 @@ def _print_chain(node: dict[str, Any], indent: int) -> None:
                    f"token {p.get('token')}, {p.get('status')}")
         for a in node.get("payload_artifacts", []):
             click.echo(f"{pad}  <- payload artifact {a['step']}/{a.get('key', a['item'])}:"
-                       f"out/{a['name']}  sha256 {str(a['sha256'])[:16]}")
+                       f"out/{printable(a['name'])}  sha256 {str(a['sha256'])[:16]}")
             if "from" in a:
                 _print_chain(a["from"], indent + 2)
         return
@@ -363,18 +363,18 @@ def _print_chain(node: dict[str, Any], indent: int) -> None:
         click.echo(f"{pad}  {node['status']}: nothing it wrote counts as an output; its "
                    f"stderr: stockade logs {node['run_id']} {label} --stderr")
     for o in node["outputs"]:
-        click.echo(f"{pad}  out/{o['name']}  sha256 {o['sha256']}  {o['size']} bytes")
+        click.echo(f"{pad}  out/{printable(o['name'])}  sha256 {o['sha256']}  {o['size']} bytes")
     for inp in node["inputs"]:
         src = inp["source"]
         origin = src.get("kind")
         if origin == "artifact":
-            origin = (f"{src['step']}/{src.get('key', src['item'])}:out/{src['name']} "
+            origin = (f"{src['step']}/{src.get('key', src['item'])}:out/{printable(src['name'])} "
                       f"attempt {src['attempt']}")
         elif origin in ("file", "tree"):
             origin = f"{origin}({src['path']!r})"
         elif src.get("refs"):
             origin = f"{origin} of {', '.join(src['refs'])}"
-        click.echo(f"{pad}  <- {inp['name']}  sha256 {inp['sha256'][:16]}  from {origin}")
+        click.echo(f"{pad}  <- {printable(inp['name'])}  sha256 {inp['sha256'][:16]}  from {origin}")
         if "from" in inp:
             _print_chain(inp["from"], indent + 2)
 
