@@ -5,6 +5,7 @@ delta transcripts, masking, and the host-side write check."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,8 @@ from typing import Any
 import pytest
 from modelserver import Call, ModelServer, Seen, Turn, calls, say
 
-from stockade.agent import wire
-from stockade.agent.broker import Broker, BrokerConfig, Recorder
+from stockade.agent import guard, wire
+from stockade.agent.broker import Broker, BrokerConfig, BrokerServer, Recorder
 from stockade.agent.endpoints import StepEndpoint
 from stockade.agent.gate import snapshot
 
@@ -340,6 +341,44 @@ def test_host_rechecks_every_write_intent(tmp_path: Path, tool: str, path: str, 
         assert answer == {"ok": True} and echoed == [f"WRITE TARGET: {path}"]
     else:
         assert not answer["ok"] and error in answer["error"] and echoed == []
+
+
+@pytest.mark.parametrize("path", ["out/x/", "out/x/.", "out/"])
+def test_a_target_naming_a_folder_is_refused(tmp_path: Path, path: str) -> None:
+    b, echoed = make(tmp_path, {})
+    answer = b.handle("/write/intent", {"tool": "create_file", "path": path})
+    assert not answer["ok"] and "names a folder" in answer["error"] and echoed == []
+    assert not (tmp_path / "work" / "out" / "x").exists()
+
+
+def test_an_os_error_on_a_target_is_a_tool_error_and_the_line_stays_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over the real socket, with the jail's own client: a name the file system
+    cannot take once made ``is_file`` raise ENAMETOOLONG and the broker hang up."""
+    from stockade.agent.jail import BrokerClient
+
+    b, echoed = make(tmp_path, {})
+    here, there = socket.socketpair()
+    server = BrokerServer(b, here)
+    server.start()
+    client = BrokerClient(there)
+    answers = []
+    try:
+        for path in ("out/" + "a" * 300, "out/" + "/".join(["d" * 99] * 42) + "/f.md"):
+            answers.append(client.post("/write/intent", {"tool": "create_file", "path": path}))
+        # Under the length check, any OSError from the file system is the net.
+        monkeypatch.setattr(guard, "check_length", lambda root, rel: None)
+        answers.append(client.post("/write/intent", {"tool": "create_file", "path": "out/" + "b" * 300}))
+        answers.append(client.post("/write/intent", {"tool": "create_file", "path": "out/fine.md"}))
+    finally:
+        there.close()
+        server.stop()
+    assert [a["ok"] for a in answers] == [False, False, False, True]
+    assert all("file name too long" in a["error"] for a in answers[:3]), answers
+    assert "cannot use this path: file name too long" in answers[2]["error"]
+    assert echoed == ["WRITE TARGET: out/fine.md"]
+    events = [json.loads(line)["event"] for line in (tmp_path / "meta" / "writes.jsonl").read_text().splitlines()]
+    assert events == ["rejected", "rejected", "rejected", "intent"]
 
 
 def test_write_over_a_file_changed_behind_the_tools_is_refused(tmp_path: Path) -> None:

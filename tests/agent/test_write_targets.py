@@ -89,6 +89,28 @@ def test_a_newline_cannot_forge_a_section_of_the_diff(cli: Cli) -> None:
         ["diff --git a/out/report.md b/out/report.md"]
 
 
+@pytest.mark.parametrize("target", [
+    "out/" + "a" * 300,
+    "out/" + "/".join(["d" * 99] * 42) + "/f.md",  # 4,2xx characters of short names
+], ids=["name-300", "path-4200"])
+def test_a_name_too_long_is_a_tool_error_and_the_broker_lives_on(cli: Cli, target: str) -> None:
+    assert len(target) > 4200 or len(target.rsplit("/", 1)[-1]) == 300
+    code, results, item = _agent(cli, [target])
+    assert code == 0, cli.item()["item"]["message"]
+    assert results[0].startswith("error: ") and "file name too long" in results[0], results[0]
+    assert results[1].startswith("created out/report.md")
+    assert _files(item / "work") == ["out/report.md"]
+    assert sorted(p.name for p in (item / "work" / "out").iterdir()) == ["changes.diff", "report.md"]
+
+
+@pytest.mark.parametrize("target", ["out/x/", "out/x/."])
+def test_a_target_that_names_a_folder_is_a_tool_error(cli: Cli, target: str) -> None:
+    code, results, item = _agent(cli, [target])
+    assert code == 0
+    assert results[0].startswith("error: ") and "names a folder" in results[0], results[0]
+    assert _files(item / "work") == ["out/report.md"]
+
+
 def test_show_and_why_escape_names_a_run_step_made(cli: Cli) -> None:
     wf = cli.write(r"""
         name: names

@@ -11,10 +11,10 @@ the response with its headers and request id, latency, token usage; keys
 masked), enforces ``max_turns``, the step timeout and the token ``budget``,
 fails the item on a stop reason that leaves no usable answer, gives a model
 that answers with text but never wrote the declared ``outputs`` one
-reminder, and decides every write: it re-checks the target, echoes ``WRITE
-TARGET: path``, records the intent in ``meta/writes.jsonl``, asks the
-operator under ``approve: ask`` and records the sha256 the jail reports
-afterwards.
+reminder, and decides every write (``stockade.agent.desk``: it re-checks
+the target, echoes ``WRITE TARGET: path``, records the intent in
+``meta/writes.jsonl``, asks the operator under ``approve: ask`` and records
+the sha256 the jail reports afterwards).
 
 Must not import the runner, workspace or cli.
 """
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
 import socketserver
 import threading
@@ -36,10 +35,10 @@ from typing import Any
 
 import httpx
 
-from stockade._show import printable
-from stockade.agent import endpoints, guard, provider_errors, transport, wire
+from stockade.agent import endpoints, provider_errors, transport, wire
 from stockade.agent.conversation import Conversation, body_delta, missing_outputs, reminder, verdict
-from stockade.agent.gate import Snapshot, sha256_file
+from stockade.agent.desk import WriteDesk, os_reason
+from stockade.agent.gate import Snapshot
 from stockade.agent.record import Recorder, mask_headers
 from stockade.agent.tools import WRITE_TOOLS
 
@@ -119,9 +118,6 @@ class Broker:
         self.cfg = cfg
         self.state = BrokerState()
         self._rec = recorder
-        self._snap = snapshot
-        self._echo = echo
-        self._ask = ask
         self._clock = clock
         self._sleep = sleep
         self._deadline = None if cfg.timeout is None else clock() + cfg.timeout
@@ -129,6 +125,10 @@ class Broker:
         self._target = endpoints.resolve(cfg.provider, cfg.model, cfg.endpoint, host_env)
         self._headers = endpoints.headers(cfg.provider, self._target.key)
         self._convo = Conversation(cfg.prompt, cfg.writes, cfg.outputs)
+        st = self.state
+        self._desk = WriteDesk(cfg.work_dir, cfg.tools, cfg.writes, cfg.prompt, cfg.approve,
+                               cfg.interactive, snapshot, recorder, echo, ask, written=st.written,
+                               before=st.before, pending=st.pending, problems=st.problems)
         self._omit: set[str] = set()
         self._notes: set[str] = set()
         self._last_body: dict[str, Any] | None = None
@@ -157,9 +157,9 @@ class Broker:
         if route == "/model":
             return self._model(payload)
         if route == "/write/intent":
-            return self._intent(payload)
+            return self._desk.intent(payload)
         if route == "/write/done":
-            return self._done(payload)
+            return self._desk.done(payload)
         if route == "/finish":
             self.state.finished = payload
             self._rec.append("transcript.jsonl", {"event": "finish", **{k: payload.get(k) for k in ("ok", "result", "message", "turns")}, "usage": self.state.usage})
@@ -345,75 +345,6 @@ class Broker:
         self.state.failure = self.state.failure or why
         return {"ok": False, "error": why}
 
-    # -- writes ---------------------------------------------------------------
-
-    def _check_target(self, tool: str, raw: Any) -> str:
-        if tool not in WRITE_TOOLS or tool not in self.cfg.tools:
-            raise guard.PathRejected(f"{tool!r} is not a write tool of this step")
-        rel = guard.check_write_target(
-            raw, writes=self.cfg.writes, prompt=self.cfg.prompt if tool == "apply_patch" else None
-        )
-        if not guard.is_symlink_free(self.cfg.work_dir, rel):
-            raise guard.PathRejected(f"path {rel!r} goes through a symlink")
-        host = guard.resolve_inside(self.cfg.work_dir, rel)
-        exists = os.path.lexists(host)
-        if tool == "create_file" and exists:
-            raise guard.PathRejected(f"{rel!r} already exists")
-        if tool == "apply_patch" and not host.is_file():
-            raise guard.PathRejected(f"{rel!r} is not an existing file")
-        # The file must still be what the snapshot or our last write says; a
-        # change made some other way must not be laundered by a tool write.
-        expected = self.state.written.get(rel)
-        if expected is None:
-            entry = self._snap.get(rel)
-            expected = entry.digest if entry is not None and entry.kind == "file" else None
-        current = sha256_file(host) if exists and host.is_file() else None
-        if current != expected:
-            raise guard.PathRejected(f"{rel!r} was changed outside the write tools; refusing to write it")
-        return rel
-
-    def _intent(self, payload: dict[str, Any]) -> dict[str, Any]:
-        tool = str(payload.get("tool"))
-        try:
-            rel = self._check_target(tool, payload.get("path"))
-        except guard.PathRejected as e:
-            self._rec.append("writes.jsonl", {"event": "rejected", "tool": tool, "path": str(payload.get("path")), "reason": str(e)})
-            return {"ok": False, "error": str(e)}
-        self._echo(f"WRITE TARGET: {printable(rel)}")
-        self._rec.append("writes.jsonl", {"event": "intent", "tool": tool, "path": rel})
-        if self.cfg.approve == "ask":
-            if not self.cfg.interactive:
-                why = f"approve: ask needs a terminal and there is none; the write to {rel} was refused"
-                self._rec.append("writes.jsonl", {"event": "refused", "tool": tool, "path": rel, "reason": why})
-                return {"ok": False, "error": why}
-            if not self._ask(rel):
-                why = f"the operator refused the write to {rel}"
-                self._rec.append("writes.jsonl", {"event": "refused", "tool": tool, "path": rel, "reason": why})
-                return {"ok": False, "error": why}
-            self._rec.append("writes.jsonl", {"event": "approved", "tool": tool, "path": rel})
-        if rel not in self.state.before:
-            host = self.cfg.work_dir / rel
-            self.state.before[rel] = host.read_bytes() if host.is_file() else None
-        self.state.pending.add(rel)
-        return {"ok": True}
-
-    def _done(self, payload: dict[str, Any]) -> dict[str, Any]:
-        rel = str(payload.get("path"))
-        reported = str(payload.get("sha256"))
-        if rel not in self.state.pending:
-            self.state.problems.append(f"write of {rel} reported without an approved intent")
-            return {"ok": False, "error": "no approved intent for this path"}
-        self.state.pending.discard(rel)
-        host = self.cfg.work_dir / rel
-        actual = sha256_file(host) if host.is_file() and not host.is_symlink() else None
-        self._rec.append(
-            "writes.jsonl", {"event": "written", "tool": payload.get("tool"), "path": rel, "sha256": actual, "reported": reported}
-        )
-        if actual != reported:
-            self.state.problems.append(f"{rel}: sha256 on disk {actual} differs from the one reported {reported}")
-        self.state.written[rel] = actual or ""
-        return {"ok": True}
-
 
 def _sent(body: dict[str, Any], name: str) -> bool:
     """Whether an optional field is in a request body (``strict``: on any tool)."""
@@ -436,6 +367,10 @@ class _Handler(BaseHTTPRequestHandler):
             answer = self.server.broker.handle(self.path, payload)
         except ValueError as e:
             answer = {"ok": False, "error": f"bad request: {e}"}
+        except OSError as e:
+            # Whatever a request made the host's file system say, the jail
+            # hears it as an error and the conversation goes on.
+            answer = {"ok": False, "error": f"the broker could not do this: {os_reason(e)}"}
         data = json.dumps(answer).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")

@@ -85,6 +85,7 @@ class Workspace:
 
     def _target(self, path: str, *, mention: bool) -> str:
         rel = guard.check_write_target(path, writes=self.writes, prompt=self.prompt if mention else None)
+        guard.check_length(self.root, rel)
         if not guard.is_symlink_free(self.root, rel):
             raise guard.PathRejected(f"path {rel!r} goes through a symlink; nothing was written")
         guard.resolve_inside(self.root, rel)

@@ -180,6 +180,9 @@ def check_write_target(
     ``prompt`` is ``None`` when the tool does not need mention coupling.
     """
     path = normalise(raw)
+    if isinstance(raw, str) and raw.endswith(("/", "/.")):
+        raise PathRejected(f"path {raw!r} names a folder; write tools write files: name the file "
+                           "inside it. Nothing was written")
     writes = list(writes)
     if not allowed_by(path, writes):
         raise PathRejected(
@@ -190,6 +193,37 @@ def check_write_target(
             f"path {path!r} was not named in the operator's request; only files the request names may be patched"
         )
     return path
+
+
+#: What Linux file systems take when ``pathconf`` cannot say.
+NAME_MAX, PATH_MAX = 255, 4096
+
+
+def _limit(root: Path, name: str, default: int) -> int:
+    try:
+        value = os.pathconf(root, name)
+    except (OSError, ValueError):
+        return default
+    return value if value > 0 else default
+
+
+def check_length(root: Path, rel: str) -> None:
+    """``PathRejected`` when the file system under ``root`` cannot take the name ``rel``.
+
+    Checked before the write is asked for, so a name too long neither
+    reaches the operator nor leaves half a folder chain behind.
+    """
+    name_max = _limit(root, "PC_NAME_MAX", NAME_MAX)
+    for part in rel.split("/"):
+        size = len(part.encode("utf-8", "surrogateescape"))
+        if size > name_max:
+            raise PathRejected(f"file name too long: {part[:24]!r}... has {size} bytes, the file "
+                               f"system takes at most {name_max} in one name. Nothing was written")
+    path_max = _limit(root, "PC_PATH_MAX", PATH_MAX)
+    size = len(str(root.absolute() / rel).encode("utf-8", "surrogateescape"))
+    if size >= path_max:
+        raise PathRejected(f"file name too long: the path has {size} bytes from the file system's "
+                           f"root, which takes fewer than {path_max}. Nothing was written")
 
 
 def is_symlink_free(root: Path, rel: str) -> bool:
