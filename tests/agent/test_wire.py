@@ -243,7 +243,7 @@ def test_urls(provider: str, base: str, model: str, url: str) -> None:
 def test_a_steps_own_base_url_never_gets_the_providers_key() -> None:
     env = {"OPENAI_API_KEY": "sk-default-123456", "TEAM": "sk-team-123456", "OPENAI_API_VERSION": "2025-01-01"}
     own = endpoints.resolve("openai", "m", endpoints.StepEndpoint("http://h:1/v1"), env)
-    assert own == endpoints.Target("http://h:1/v1/chat/completions", None, "")
+    assert own == endpoints.Target("http://h:1/v1/chat/completions", None, "", "http://h:1/v1/chat/completions")
     team = endpoints.resolve("openai", "m", endpoints.StepEndpoint("http://h:1/v1", "TEAM"), env)
     assert team.key == "sk-team-123456" and team.key_var == "TEAM"
     default = endpoints.resolve("openai", "m", None, env)

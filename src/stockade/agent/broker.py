@@ -251,7 +251,7 @@ class Broker:
             delta = body_delta(self._last_body, built.body, key)
             self._last_body = built.body
             base = {"event": "model_call", "n": n, "provider": provider, "model": cfg.model,
-                    "url": self._target.url}
+                    "url": self._target.shown}
             first = offset + 1
 
             def on_try(t: transport.Try, started: bool, offset: int = offset, first: int = first,
@@ -259,7 +259,7 @@ class Broker:
                 number = offset + t.number
                 if started:
                     self._rec.append("transcript.jsonl", {"event": "call_started", "n": n, "try": number,
-                                                          "url": self._target.url,
+                                                          "url": self._target.shown,
                                                           "request_timeout": cfg.request_timeout})
                 elif t.wait is not None:
                     self._rec.append("transcript.jsonl", self._try_record(base, t, number, first, delta))
@@ -279,11 +279,11 @@ class Broker:
                 if t.timed_out and left is not None and left <= 0:
                     return self._refuse(f"step timeout ({cfg.timeout:g}s) reached during a model call")
                 what = (f"no answer within request_timeout {cfg.request_timeout:g}s" if t.timed_out
-                        else t.error)
+                        else self._scrub(t.error))
                 tried = f" (tried {offset} times)" if offset > 1 else ""
                 # A server that stalled twice in a row is not retried again from
                 # the start; a connection refused may be a server restarting.
-                return self._fail(f"model call to {self._target.url} failed: {what}{tried}",
+                return self._fail(f"model call to {self._target.shown} failed: {what}{tried}",
                                   retryable=not t.timed_out)
             assert t.status is not None
             if t.status >= 400:
@@ -298,7 +298,7 @@ class Broker:
                     continue
                 self._rec.append("transcript.jsonl", record)
                 message = provider_errors.describe(
-                    t.status, t.body, url=self._target.url, provider=provider,
+                    t.status, t.body, url=self._target.shown, provider=provider,
                     key_var=self._target.key_var, key_sent=self._target.key is not None,
                     tries=answer.tries)
                 # A request the server refuses (400, 401, 403, 404, 422) fails the
@@ -307,14 +307,14 @@ class Broker:
             error = provider_errors.error_in_ok_body(provider, t.body)
             if error is not None:
                 self._rec.append("transcript.jsonl", record)
-                return self._fail(provider_errors.describe(200, t.body, url=self._target.url,
+                return self._fail(provider_errors.describe(200, t.body, url=self._target.shown,
                                                            provider=provider), retryable=True)
             try:
                 reply = wire.parse_response(provider, t.body)
             except wire.WireError as e:
                 record["error"] = str(e)
                 self._rec.append("transcript.jsonl", record)
-                return self._fail(f"{e} (from {self._target.url})", retryable=True)
+                return self._fail(f"{e} (from {self._target.shown})", retryable=True)
             u = reply.usage
             for k, v in u.as_dict().items():
                 self.state.usage[k] += v
@@ -330,7 +330,7 @@ class Broker:
         rec["request"] = ({"headers": mask_headers(self._headers), "body": delta} if number == first
                           else {"same_as_try": first})
         if t.error:
-            rec["error"] = t.error
+            rec["error"] = self._scrub(t.error)
         else:
             rid = next((t.headers[h] for h in REQUEST_ID_HEADERS if h in t.headers), None)
             rec["response"] = {"status": t.status, "request_id": rid, "headers": t.headers,
@@ -338,6 +338,10 @@ class Broker:
         if t.wait is not None:
             rec["retry_in"] = t.wait
         return rec
+
+    def _scrub(self, text: str) -> str:
+        """``text`` with the call's URL as it may be shown (an httpx message may quote it)."""
+        return text.replace(self._target.url, self._target.shown)
 
     def _refuse(self, why: str) -> dict[str, Any]:
         why = self._rec.mask.text(why)

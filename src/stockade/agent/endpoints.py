@@ -9,6 +9,11 @@ keys. A step's own ``base_url`` never receives the provider's default key:
 only the variable its ``api_key_env`` names (a key meant for one server is
 not sent to another). ``problems`` says what is missing, for preflight.
 
+A base URL may carry credentials (``http://user:pass@host/v1``, a
+``?token=`` query for a proxy). The path of each call is joined inside the
+URL's path, with the query kept at the end, and ``shown`` is the URL as it
+may be recorded or printed: userinfo and query values replaced by ``***``.
+
 Pure. Standard library only.
 """
 
@@ -17,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 #: (key variable, base URL variable) per provider.
 PROVIDER_ENV: Mapping[str, tuple[str, str]] = {
@@ -60,21 +65,69 @@ class Target:
     key: str | None
     #: the variable the key came from (for messages), or ""
     key_var: str
+    #: ``url`` without its credentials, for records and messages (see ``shown``)
+    shown: str
+
+
+#: A query parameter stockade sets itself and that is no credential.
+_PLAIN_PARAMS = frozenset({"api-version"})
 
 
 def url_for(provider: str, base: str, model: str, api_version: str | None = None) -> str:
-    base = base.rstrip("/")
+    parts = urlsplit(base.strip())
+    path = parts.path.rstrip("/")
+    query = [q for q in parts.query.split("&") if q]
     if provider == "openai":
-        return base + "/chat/completions"
-    if provider == "openai-responses":
-        return base + "/responses"
-    if provider == "azure":
-        root = base.removesuffix("/openai")
-        version = api_version or AZURE_DEFAULT_VERSION
-        return (f"{root}/openai/deployments/{quote(model, safe='')}/chat/completions"
-                f"?api-version={quote(version, safe='')}")
-    # ANTHROPIC_BASE_URL is documented without the /v1 suffix; accept both.
-    return base + ("/messages" if base.endswith("/v1") else "/v1/messages")
+        path += "/chat/completions"
+    elif provider == "openai-responses":
+        path += "/responses"
+    elif provider == "azure":
+        root = path.removesuffix("/openai")
+        path = f"{root}/openai/deployments/{quote(model, safe='')}/chat/completions"
+        given = [q for q in query if q.partition("=")[0] == "api-version"]
+        if api_version or not given:
+            query = [q for q in query if q not in given]
+            query.append(f"api-version={quote(api_version or AZURE_DEFAULT_VERSION, safe='')}")
+    else:
+        # ANTHROPIC_BASE_URL is documented without the /v1 suffix; accept both.
+        path += "/messages" if path.endswith("/v1") else "/v1/messages"
+    return urlunsplit((parts.scheme, parts.netloc, path, "&".join(query), ""))
+
+
+def shown(url: str) -> str:
+    """``url`` fit to record or print: ``http://***@host:port/v1/...?token=***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(a URL that does not parse)"
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    query = "&".join(
+        q if "=" not in q or q.partition("=")[0] in _PLAIN_PARAMS else q.partition("=")[0] + "=***"
+        for q in parts.query.split("&") if q)
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def url_secrets(url: str) -> list[str]:
+    """The credentials a URL carries (password, query values), as written and decoded.
+
+    Masked in every record besides, should a server quote them back.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    found: list[str] = []
+    userinfo = parts.netloc.rpartition("@")[0]
+    if userinfo:
+        found.append(userinfo)
+        found.append(userinfo.partition(":")[2])
+    for q in parts.query.split("&"):
+        name, _, value = q.partition("=")
+        if value and name not in _PLAIN_PARAMS:
+            found.append(value)
+    return sorted({v for s in found if s for v in (s, unquote(s))}, key=len, reverse=True)
 
 
 def resolve(provider: str, model: str, step: StepEndpoint | None, env: Mapping[str, str]) -> Target:
@@ -90,7 +143,8 @@ def resolve(provider: str, model: str, step: StepEndpoint | None, env: Mapping[s
             key_var = step.api_key_env
     version = step.api_version or env.get(AZURE_VERSION_ENV) or None
     key = (env.get(key_var) or None) if key_var else None
-    return Target(url_for(provider, base, model, version), key, key_var if key else "")
+    url = url_for(provider, base, model, version)
+    return Target(url, key, key_var if key else "", shown(url))
 
 
 def problems(provider: str, step: StepEndpoint | None, env: Mapping[str, str]) -> list[tuple[str, str]]:

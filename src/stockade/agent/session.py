@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 
@@ -62,6 +63,16 @@ def ask_on_tty(path: str) -> bool:
             return False
         finally:
             os.close(fd)
+
+
+def _endpoint_record(endpoint: Any) -> dict[str, Any] | None:
+    """A step's ``endpoint:`` for agent.json: a base URL without its credentials."""
+    if endpoint is None:
+        return None
+    out: dict[str, Any] = endpoint.model_dump(exclude_none=True)
+    if out.get("base_url"):
+        out["base_url"] = endpoints.shown(out["base_url"])
+    return out
 
 
 def _reachable(path: Path) -> bool:
@@ -169,7 +180,7 @@ class AgentSession:
             "request_timeout": cfg.request_timeout,
             "params": params,
             # the variable's name only: the key itself never leaves the broker
-            "endpoint": cfg.endpoint.model_dump(exclude_none=True) if cfg.endpoint else None,
+            "endpoint": _endpoint_record(cfg.endpoint),
             "budget": cfg.budget.model_dump() if cfg.budget else None,
             "outputs": list(job.outputs),
         }
@@ -178,7 +189,8 @@ class AgentSession:
         target = endpoints.resolve(provider, model, step_endpoint, job.host_env)
         if target.key:
             keys.append(target.key)
-        recorder = Recorder(job.meta_dir, keys, job.secrets)
+        # A password or token in the base URL is a key too, should a server quote it.
+        recorder = Recorder(job.meta_dir, keys, (*job.secrets, *endpoints.url_secrets(target.url)))
         exe, _prefix = interpreter()
         preamble = ship.image(jail_config, code=ship.reads_our_bytecode(exe))
         self._broker = Broker(

@@ -194,7 +194,7 @@ class _Handler(BaseHTTPRequestHandler):
         wanted = self.headers.get("x-stockade-url", "")
         if not allowed or wanted != grant.target.url:
             why = ("this attempt used up its model calls" if not allowed else
-                   f"this attempt may call {grant.target.url} only")
+                   f"this attempt may call {grant.target.shown} only")
             self._answer(200, b"", {"x-stockade-status": "0", "x-stockade-error":
                                     f"RemoteProtocolError: refused by the engine: {why}"},
                          grant, gid, seq)
