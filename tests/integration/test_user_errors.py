@@ -33,6 +33,8 @@ POSITIONED = re.compile(r"^\S+:\d+:\d+: .+", re.MULTILINE)
         (b"name: x\nsteps:\n  - id: a\n    run: echo {{ vars.nope }}\n", "nope"),
         (b"name: x\nsteps:\n  - id: a\n    keep: '{{ true }}'\n", "for_each"),
         (b"name: x\nsteps:\n  - id: a\n    timeout: -1\n    run: echo\n", "timeout"),
+        (b"name: x\nsteps:\n  - id: a\n    agent: {prompt: hi, tools: [create_file], writes: []}\n",
+         "agent.writes of step 'a' is empty"),
         (b"name: x\nsteps: [\n", ""),
         (b"\tname: x\n", ""),
     ],

@@ -448,6 +448,13 @@ class Checker:
         writes = agent.get("writes") if isinstance(agent, dict) else None
         if not isinstance(writes, list):
             return
+        tools = agent.get("tools") if isinstance(agent, dict) else None
+        used = [t for t in tools if t in ("create_file", "apply_patch")] if isinstance(tools, list) else []
+        if not writes and used:
+            self.add(self.position((*base, "agent", "writes")),
+                     f"agent.writes of {label} is empty, so every {' and '.join(used)} call "
+                     "would be refused; list where its write tools may write (the default "
+                     "is out/**) or drop them from agent.tools")
         for j, pattern in enumerate(writes):
             if isinstance(pattern, str):
                 why = bad_relative(pattern)
