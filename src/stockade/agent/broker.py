@@ -321,6 +321,8 @@ class Broker:
             self.state.usage["model_calls"] += 1
             record.update(usage=u.as_dict(), stop=reply.stop, stop_raw=reply.stop_raw,
                           spent=self._spent())
+            if u.notes:
+                record["usage_notes"] = list(u.notes)
             self._rec.append("transcript.jsonl", record)
             return reply
 

@@ -46,6 +46,8 @@ class Usage:
     output_tokens: int = 0
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    #: counts the provider sent that were not counts (see ``Tally``), for the transcript
+    notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -196,6 +198,43 @@ def unique_ids(ids: list[str], prefix: str) -> list[str]:
 
 def num(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+class Tally:
+    """Token counts read from a provider's ``usage`` object.
+
+    A count that is not a whole number >= 0 (``-5``, ``"12"``, ``true``)
+    counts as 0 and leaves a note for the transcript. Not an error: the
+    reply itself is fine and failing the item over a proxy's bookkeeping
+    would lose the work; but a negative count must never give tokens back
+    to the budget, nor may a bad one pass unseen. A missing count is 0
+    without a note (many servers leave out the details).
+    """
+
+    def __init__(self, usage: Any) -> None:
+        self.notes: list[str] = []
+        self._usage = usage if isinstance(usage, dict) else {}
+        if usage is not None and not isinstance(usage, dict):
+            self.notes.append(f"usage was {_brief(usage)}, not an object; its counts are taken as 0")
+
+    def get(self, *path: str) -> int:
+        value: Any = self._usage
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is None:
+            return 0
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        self.notes.append(f"usage.{'.'.join(path)} was {_brief(value)}, not a count of tokens; "
+                          "counted as 0")
+        return 0
+
+
+def _brief(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 # -- dispatch -------------------------------------------------------------------

@@ -27,6 +27,7 @@ from stockade.agent.wire import (
     Message,
     Reply,
     Settings,
+    Tally,
     Usage,
     WireError,
     anthropic_strict,
@@ -146,17 +147,16 @@ def parse(body: dict[str, Any]) -> Reply:
     if stop in (END, OTHER) and calls:
         stop = TOOL_USE
     text = "".join(texts)
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-    assert isinstance(usage, dict)
-    cache_read = num(usage.get("cache_read_input_tokens"))
+    t = Tally(body.get("usage"))
+    cache_read = t.get("cache_read_input_tokens")
     return Reply(
         text=text,
         tool_calls=tuple(calls),
         usage=Usage(
-            input_tokens=num(usage.get("input_tokens")) + cache_read
-            + num(usage.get("cache_creation_input_tokens")),
-            output_tokens=num(usage.get("output_tokens")),
+            input_tokens=t.get("input_tokens") + cache_read + t.get("cache_creation_input_tokens"),
+            output_tokens=t.get("output_tokens"),
             cached_tokens=cache_read,
+            notes=tuple(t.notes),
         ),
         stop=stop,
         stop_raw=stop_raw,

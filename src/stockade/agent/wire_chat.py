@@ -26,10 +26,10 @@ from stockade.agent.wire import (
     Message,
     Reply,
     Settings,
+    Tally,
     Usage,
     WireError,
     arguments_json,
-    num,
     o_series,
     raw_arguments,
     reasoning_model,
@@ -105,15 +105,13 @@ def _text(content: Any) -> str:
 
 
 def _usage(body: dict[str, Any]) -> Usage:
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-    assert isinstance(usage, dict)
-    pdet = usage.get("prompt_tokens_details") or {}
-    cdet = usage.get("completion_tokens_details") or {}
+    t = Tally(body.get("usage"))
     return Usage(
-        input_tokens=num(usage.get("prompt_tokens")),
-        output_tokens=num(usage.get("completion_tokens")),
-        cached_tokens=num(pdet.get("cached_tokens") if isinstance(pdet, dict) else 0),
-        reasoning_tokens=num(cdet.get("reasoning_tokens") if isinstance(cdet, dict) else 0),
+        input_tokens=t.get("prompt_tokens"),
+        output_tokens=t.get("completion_tokens"),
+        cached_tokens=t.get("prompt_tokens_details", "cached_tokens"),
+        reasoning_tokens=t.get("completion_tokens_details", "reasoning_tokens"),
+        notes=tuple(t.notes),
     )
 
 

@@ -26,10 +26,10 @@ from stockade.agent.wire import (
     Message,
     Reply,
     Settings,
+    Tally,
     Usage,
     WireError,
     arguments_json,
-    num,
     o_series,
     raw_arguments,
     reasoning_model,
@@ -165,18 +165,16 @@ def parse(body: dict[str, Any]) -> Reply:
         stop = TOOL_USE
     else:
         stop = END if status in ("completed", "") else OTHER
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-    assert isinstance(usage, dict)
-    idet = usage.get("input_tokens_details") or {}
-    odet = usage.get("output_tokens_details") or {}
+    t = Tally(body.get("usage"))
     return Reply(
         text="".join(texts),
         tool_calls=tuple(calls),
         usage=Usage(
-            input_tokens=num(usage.get("input_tokens")),
-            output_tokens=num(usage.get("output_tokens")),
-            cached_tokens=num(idet.get("cached_tokens") if isinstance(idet, dict) else 0),
-            reasoning_tokens=num(odet.get("reasoning_tokens") if isinstance(odet, dict) else 0),
+            input_tokens=t.get("input_tokens"),
+            output_tokens=t.get("output_tokens"),
+            cached_tokens=t.get("input_tokens_details", "cached_tokens"),
+            reasoning_tokens=t.get("output_tokens_details", "reasoning_tokens"),
+            notes=tuple(t.notes),
         ),
         stop=stop,
         stop_raw=status + (f" ({reason})" if reason else ""),
