@@ -13,8 +13,8 @@ assistant turns the request already carries, so one server can drive several
 agents in parallel without keeping per-conversation state. A script may also
 be a function of the request. A turn can also answer with an HTTP error and
 headers (``retry-after``), stall (``delay``), stop for a reason (``stop``),
-refuse, think (signed ``thinking`` blocks, reasoning items) or send a raw
-body (an HTTP 200 carrying an error).
+refuse, think (signed ``thinking`` blocks, reasoning items), send a raw
+body (an HTTP 200 carrying an error) or raw bytes (an HTML page, a redirect).
 
 The server checks what real providers check (the key, required fields, tool
 results answering the previous tool calls, alternating roles, no
@@ -71,6 +71,9 @@ class Turn:
     delay: float = 0.0
     #: a raw body to answer with (status ``status``), e.g. an error inside an HTTP 200
     body: dict[str, Any] | None = None
+    #: bytes to answer with as they are (an HTML page, a stream, cut-off JSON); the
+    #: content-type is ``headers``' or application/octet-stream
+    raw: bytes | None = None
 
 
 def say(text: str) -> Turn:
@@ -195,7 +198,7 @@ class ModelServer:
     # -- answering ------------------------------------------------------------
 
     def answer(self, provider: str, path: str, query: dict[str, str], headers: dict[str, str],
-               body: Any) -> tuple[int, dict[str, Any], Mapping[str, str]]:
+               body: Any) -> tuple[int, dict[str, Any] | bytes, Mapping[str, str]]:
         seen = Seen(provider, path, headers, body if isinstance(body, dict) else {}, query)
         problem = _check(provider, headers, query, body, self.key) or self._check_more(provider, body)
         if not problem and self.validate:
@@ -222,6 +225,8 @@ class ModelServer:
             turn = self.script[n] if n < len(self.script) else say("(script exhausted)")
         if turn.delay:
             self._closing.wait(turn.delay)
+        if turn.raw is not None:
+            return turn.status, turn.raw, turn.headers
         if turn.body is not None:
             return turn.status, turn.body, turn.headers
         if turn.status != 200:
@@ -508,14 +513,17 @@ def _make_handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
                 {"apim-request-id": rid} if provider == "azure" else {"x-request-id": rid}
             self._send(status, answer, {**ids, **extra})
 
-        def _send(self, status: int, obj: dict[str, Any], headers: Mapping[str, str]) -> None:
-            data = json.dumps(obj).encode()
+        def _send(self, status: int, obj: dict[str, Any] | bytes, headers: Mapping[str, str]) -> None:
+            data = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+            ctype = {k.lower(): v for k, v in headers.items()}.get("content-type") or \
+                ("application/octet-stream" if isinstance(obj, bytes) else "application/json")
             try:
                 self.send_response(status)
-                self.send_header("content-type", "application/json")
+                self.send_header("content-type", ctype)
                 self.send_header("content-length", str(len(data)))
                 for k, v in headers.items():
-                    self.send_header(k, v)
+                    if k.lower() != "content-type":
+                        self.send_header(k, v)
                 self.end_headers()
                 self.wfile.write(data)
             except OSError:

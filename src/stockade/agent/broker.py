@@ -286,6 +286,11 @@ class Broker:
                 return self._fail(f"model call to {self._target.shown} failed: {what}{tried}",
                                   retryable=not t.timed_out)
             assert t.status is not None
+            if t.status < 400 and (not 200 <= t.status < 300 or not t.is_json):
+                self._rec.append("transcript.jsonl", record)
+                why, again = provider_errors.not_a_reply(t.status, t.headers, t.body, t.size,
+                                                         self._location(t.headers))
+                return self._fail(why, retryable=again)
             if t.status >= 400:
                 candidates = tuple(f for f in provider_errors.FALLBACK_FIELDS[provider]
                                    if _sent(built.body, f) and f not in self._omit)
@@ -335,11 +340,25 @@ class Broker:
             rec["error"] = self._scrub(t.error)
         else:
             rid = next((t.headers[h] for h in REQUEST_ID_HEADERS if h in t.headers), None)
-            rec["response"] = {"status": t.status, "request_id": rid, "headers": t.headers,
-                               "body": t.body}
+            ok = t.status is not None and 200 <= t.status < 300 and t.is_json
+            headers = {k: (self._location(t.headers) if k.lower() == "location" else v)
+                       for k, v in t.headers.items()}
+            rec["response"] = {"status": t.status, "request_id": rid, "headers": headers,
+                               "body": t.body if ok else
+                               provider_errors.recorded_body(t.body, t.size, t.sha256)}
         if t.wait is not None:
             rec["retry_in"] = t.wait
         return rec
+
+    def _location(self, headers: Mapping[str, str]) -> str:
+        """A redirect's target, absolute and without credentials, or ""."""
+        location = headers.get("location", "")
+        if not location:
+            return ""
+        try:
+            return endpoints.shown(str(httpx.URL(self._target.url).join(location)))
+        except (httpx.InvalidURL, ValueError):
+            return endpoints.shown(location)
 
     def _scrub(self, text: str) -> str:
         """``text`` with the call's URL as it may be shown (an httpx message may quote it)."""

@@ -23,6 +23,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 MAX_MESSAGE = 800
+#: What a transcript keeps of an error body (a server may send megabytes, on every retry).
+MAX_RECORDED_BODY = 64 << 10
 
 #: Optional fields the broker may leave out after a server rejected them, per
 #: provider, longest first (``max_completion_tokens`` before ``max_tokens``).
@@ -133,6 +135,48 @@ def describe(status: int, body: Any, *, url: str, provider: str, key_var: str = 
     if hints:
         out += "; " + "; ".join(hints)
     return out
+
+
+def not_a_reply(status: int, headers: dict[str, str], body: Any, size: int,
+                location: str) -> tuple[str, bool]:
+    """(message, retryable) for a 1xx/3xx answer, or a 2xx whose body is not JSON.
+
+    ``location`` is the redirect's target as it may be shown (no credentials).
+    """
+    h = {k.lower(): v for k, v in headers.items()}
+    if not 200 <= status < 300:
+        if 300 <= status < 400:
+            where = f"to {location}" if location else "without a Location"
+            return (f"the model provider answered HTTP {status}, a redirect {where}; redirects "
+                    "are not followed (the key would travel with them): set the base URL to "
+                    "the address it points to", False)
+        return f"the model provider answered HTTP {status}, which is no reply", True
+    ctype = h.get("content-type", "").split(";")[0].strip() or "no content-type"
+    text = body if isinstance(body, str) else ""
+    start = json.dumps(text.strip()[:60], ensure_ascii=False)
+    out = (f"the model provider answered HTTP {status} with a body that is not JSON ({ctype}, "
+           f"{size:,} bytes, starting {start})")
+    if "event-stream" in ctype:
+        return (out + ": the server is streaming, which stockade never asks for; a proxy in "
+                "between may force it: call the server directly or turn streaming off there"), False
+    if "json" in ctype:
+        return (out + ": the JSON is cut off or malformed; the server or a proxy may have ended "
+                "the answer early (see its log)"), True
+    hint = ("the base URL probably leads to a web page or a login portal, not the API"
+            if "html" in ctype else "check the base URL")
+    return (out + f": {hint} (an OpenAI-compatible server's base URL ends in /v1, for example "
+            "http://127.0.0.1:8000/v1; Anthropic's has no /v1)"), False
+
+
+def recorded_body(body: Any, size: int, sha256: str) -> Any:
+    """An error body as a transcript keeps it: whole up to ``MAX_RECORDED_BODY``, else its
+    start with the full size and sha256."""
+    text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
+    if len(text) <= MAX_RECORDED_BODY and size <= MAX_RECORDED_BODY:
+        return body
+    return {"truncated": text[:MAX_RECORDED_BODY],
+            "note": f"the body had {size:,} bytes (sha256 {sha256}); the first "
+                    f"{MAX_RECORDED_BODY >> 10} KiB of it are kept"}
 
 
 def rejected_field(status: int, body: Any, candidates: tuple[str, ...]) -> str | None:

@@ -17,6 +17,7 @@ Must not import the runner, workspace or cli.
 from __future__ import annotations
 
 import email.utils
+import hashlib
 import json
 import random
 import time
@@ -86,6 +87,11 @@ class Try:
     status: int | None = None
     headers: dict[str, str] = field(default_factory=dict)
     body: Any = None
+    #: whether the body parsed as JSON (else ``body`` is the start of its text)
+    is_json: bool = True
+    #: the body's size in bytes and sha256, as it came
+    size: int = 0
+    sha256: str = ""
     #: transport failure ("ReadTimeout: ..."), or ""
     error: str = ""
     timed_out: bool = False
@@ -119,11 +125,11 @@ def _read(resp: httpx.Response, deadline: float) -> bytes:
     return b"".join(chunks)
 
 
-def _decode(data: bytes) -> Any:
+def _decode(data: bytes) -> tuple[Any, bool]:
     try:
-        return json.loads(data)
+        return json.loads(data), True
     except (ValueError, RecursionError):
-        return data[:10_000].decode("utf-8", errors="replace")
+        return data[:10_000].decode("utf-8", errors="replace"), False
 
 
 def post(
@@ -163,7 +169,8 @@ def post(
                 data = _read(resp, deadline)
                 t.status = resp.status_code
                 t.headers = dict(resp.headers)
-                t.body = _decode(data)
+                t.body, t.is_json = _decode(data)
+                t.size, t.sha256 = len(data), hashlib.sha256(data).hexdigest()
         except httpx.HTTPError as e:
             t.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             t.timed_out = isinstance(e, httpx.TimeoutException)

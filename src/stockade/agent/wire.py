@@ -196,6 +196,16 @@ def unique_ids(ids: list[str], prefix: str) -> list[str]:
     return out
 
 
+def kind_of(value: Any) -> str:
+    """``null``, ``a string``, ``a list``...: what a value is, in a message."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return {str: "a string", list: "a list", dict: "an object", int: "a number",
+            float: "a number"}.get(type(value), type(value).__name__)
+
+
 def num(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
@@ -260,7 +270,7 @@ def build_request(provider: str, model: str, messages: list[Message], tools: lis
 
 def parse_response(provider: str, body: Any) -> Reply:
     if not isinstance(body, dict):
-        raise WireError(f"the provider answered {type(body).__name__}, not a JSON object")
+        raise WireError(f"the provider answered {kind_of(body)}, not a JSON object")
     if provider in ("openai", "azure"):
         from stockade.agent import wire_chat
 

@@ -32,6 +32,7 @@ from stockade.agent.wire import (
     WireError,
     anthropic_strict,
     arguments_object,
+    kind_of,
     num,
     unique_ids,
 )
@@ -118,7 +119,7 @@ def parse(body: dict[str, Any]) -> Reply:
     try:
         content = body["content"]
         if not isinstance(content, list):
-            raise TypeError("content")
+            raise WireError(f"not an Anthropic message: content is {kind_of(content)}, not a list")
         texts: list[str] = []
         uses = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
         ids = iter(unique_ids([str(b.get("id") or "") for b in uses], "toolu"))

@@ -30,6 +30,7 @@ from stockade.agent.wire import (
     Usage,
     WireError,
     arguments_json,
+    kind_of,
     o_series,
     raw_arguments,
     reasoning_model,
@@ -115,26 +116,38 @@ def _usage(body: dict[str, Any]) -> Usage:
     )
 
 
+def _shape(where: str, value: Any, wanted: str) -> WireError:
+    found = "missing or null" if value is None else kind_of(value)
+    return WireError(f"not an OpenAI chat completion: {where} is {found}, not {wanted}")
+
+
 def parse(body: dict[str, Any]) -> Reply:
     if body.get("choices") == []:
         # Some servers answer an empty generation with no choice at all.
         return Reply("", (), _usage(body), OTHER, "no choices")
-    try:
-        choice = body["choices"][0]
-        msg = choice["message"]
-        if not isinstance(msg, dict):
-            raise TypeError("message")
-        raw_calls = [c for c in (msg.get("tool_calls") or []) if isinstance(c, dict)]
-        ids = unique_ids([str(c.get("id") or "") for c in raw_calls], "call")
-        calls: list[dict[str, str]] = []
-        for cid, c in zip(ids, raw_calls, strict=True):
-            fn = c["function"]
-            calls.append({"id": cid, "name": str(fn["name"]), "arguments": raw_arguments(fn.get("arguments"))})
-        text = _text(msg.get("content"))
-        refusal = str(msg.get("refusal") or "")
-        finish = str(choice.get("finish_reason") or "")
-    except (KeyError, IndexError, TypeError, AttributeError) as e:
-        raise WireError(f"not an OpenAI chat completion: missing {e}") from None
+    choices = body.get("choices")
+    if not isinstance(choices, list):
+        raise _shape("choices", choices, "a list")
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise _shape("choices[0]", choice, "an object")
+    msg = choice.get("message")
+    if not isinstance(msg, dict):
+        raise _shape("choices[0].message", msg, "an object")
+    listed = msg.get("tool_calls") or []
+    if not isinstance(listed, list):
+        raise _shape("choices[0].message.tool_calls", listed, "a list")
+    raw_calls = [c for c in listed if isinstance(c, dict)]
+    ids = unique_ids([str(c.get("id") or "") for c in raw_calls], "call")
+    calls: list[dict[str, str]] = []
+    for i, (cid, c) in enumerate(zip(ids, raw_calls, strict=True)):
+        fn = c.get("function")
+        if not isinstance(fn, dict) or not fn.get("name"):
+            raise _shape(f"choices[0].message.tool_calls[{i}].function", fn, "an object with a name")
+        calls.append({"id": cid, "name": str(fn["name"]), "arguments": raw_arguments(fn.get("arguments"))})
+    text = _text(msg.get("content"))
+    refusal = str(msg.get("refusal") or "")
+    finish = str(choice.get("finish_reason") or "")
     stop = REFUSAL if refusal else _STOPS.get(finish, OTHER)
     if stop in (END, OTHER) and calls:
         stop = TOOL_USE  # some servers say "stop" for a reply with tool calls

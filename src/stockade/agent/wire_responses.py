@@ -30,6 +30,7 @@ from stockade.agent.wire import (
     Usage,
     WireError,
     arguments_json,
+    kind_of,
     o_series,
     raw_arguments,
     reasoning_model,
@@ -122,7 +123,8 @@ def parse(body: dict[str, Any]) -> Reply:
     try:
         output = body["output"]
         if not isinstance(output, list):
-            raise TypeError("output")
+            raise WireError(f"not an OpenAI Responses API response: output is {kind_of(output)}, "
+                            "not a list")
         texts: list[str] = []
         refusals: list[str] = []
         fcalls = [o for o in output if isinstance(o, dict) and o.get("type") == "function_call"]
