@@ -3,7 +3,9 @@
 A page elsewhere that rebinds its own DNS name to 127.0.0.1 reaches the
 server with its own name in ``Host``; ``HostGuard`` answers such a request
 421 before any handler runs, so neither pages nor actions can be read or
-triggered through a rebound name. Must not import the rest of stockade.
+triggered through a rebound name. Other users of this machine are kept out
+before that, by ``web.owner``. Imports nothing of stockade but
+``stockade.web.owner``.
 """
 
 from __future__ import annotations
@@ -43,5 +45,8 @@ class HostGuard:
 
 
 def guarded(app: ASGIApp) -> ASGIApp:
-    """``app`` behind the ``Host`` check."""
-    return HostGuard(app)
+    """``app`` behind the owner check (``web.owner``: only the server's own user), then
+    the ``Host`` check."""
+    from stockade.web.owner import OwnerGuard
+
+    return OwnerGuard(HostGuard(app))

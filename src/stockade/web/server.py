@@ -2,7 +2,8 @@
 
 The socket is bound here (loopback only) before uvicorn takes it, so a port in
 use is one clear message and ``--port 0`` can say which port it got. Every
-request must carry a loopback ``Host`` with this port (``web.guard``).
+request must come from the user who started the server (``web.owner``) and
+carry a loopback ``Host`` with this port (``web.guard``).
 Must not import the runner's engine or the sandbox.
 """
 
@@ -23,6 +24,7 @@ from stockade.errors import UserError
 from stockade.store.base import Store
 from stockade.web.app import Settings, make_app
 from stockade.web.guard import allowed_host, guarded
+from stockade.web.owner import checked_protocol, user_text
 
 __all__ = ["UIServer", "allowed_host", "make_server", "ui"]
 
@@ -38,7 +40,8 @@ class UIServer:
         self.port = int(sock.getsockname()[1])
         config = uvicorn.Config(guarded(make_app(settings)), log_level="warning",
                                 lifespan="off", access_log=False,
-                                timeout_graceful_shutdown=1, proxy_headers=False)
+                                timeout_graceful_shutdown=1, proxy_headers=False,
+                                http=checked_protocol())
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
@@ -107,7 +110,8 @@ def ui(root: str | None, port: int, allow_actions: bool) -> None:
     server = make_server(lambda: open_run_store(r, None, os.environ), port,
                          allow_actions=allow_actions)
     actions = " with cancel and resume" if allow_actions else " (read-only)"
-    click.echo(f"stockade ui: {server.url}{actions} (Ctrl-C to stop)", err=True)
+    click.echo(f"stockade ui: {server.url}{actions}, for {user_text(os.geteuid())} only "
+               "(Ctrl-C to stop)", err=True)
     try:
         server.serve()
     except KeyboardInterrupt:
