@@ -41,6 +41,7 @@ from stockade.runner.status import RunStatus
 from stockade.store.base import RunRecord, Store
 from stockade.web import actions, detail, items, live, model
 from stockade.web.format import dur, environment, pretty, script_json
+from stockade.web.params import BadParam, paging, single, whole
 from stockade.workspace.beneath import Refused, Walker, sha256_fd
 
 #: Seconds between two looks at the store for one event stream.
@@ -48,6 +49,7 @@ TICK = 0.5
 #: A comment line this often keeps proxies and the browser from closing an idle stream.
 KEEPALIVE = 15.0
 PAGE_SIZES = (50, 100, 200, 500)
+FILTERS = (*items.FILTERS, *items.DERIVED)
 #: Security headers on every page: nothing from elsewhere, no framing, no sniffing.
 HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
@@ -106,8 +108,8 @@ class UI:
     # -- pages -----------------------------------------------------------------
 
     def runs_page(self, request: Request) -> Response:
-        status = request.query_params.get("status") or None
-        workflow = request.query_params.get("workflow") or None
+        status = single(request.query_params, "status") or None
+        workflow = single(request.query_params, "workflow") or None
         rows = [r.to_json() for r in self.rows.rows(status=status, workflow=workflow)]
         live_url = "/live/runs?" + "&".join(
             f"{k}={quote(v)}" for k, v in (("status", status), ("workflow", workflow)) if v)
@@ -150,14 +152,7 @@ class UI:
         except UserError as exc:
             return self.error(404, str(exc))
         step = request.path_params["step"]
-        q = request.query_params
-        filt = q.get("filter", "")
-        if filt and filt not in items.FILTERS and filt not in items.DERIVED:
-            return self.error(400, f"unknown filter {filt!r}: use one of "
-                                   f"{', '.join([*items.FILTERS, *items.DERIVED])}")
-        limit = int(q["limit"]) if q.get("limit", "").isdigit() else 100
-        limit = limit if limit in PAGE_SIZES else 100
-        page = int(q["page"]) - 1 if q.get("page", "").isdigit() and int(q["page"]) > 0 else 0
+        page, limit, filt = paging(request.query_params, PAGE_SIZES, 100, FILTERS)
         steps, st = model.step_views(self.store, record, self.folds,
                                      reused=self.reuse.cached(record.run_id), cache=self.final)
         view = next((s for s in steps if s.id == step), None)
@@ -181,7 +176,7 @@ class UI:
             filters=["", "done", "running", "pending", "failed", "retried", "skipped",
                      "interrupted"],
             page_sizes=PAGE_SIZES,
-            live=f"/live{base}?page={sp.page}&limit={sp.limit}&filter={quote(filt)}",
+            live=f"/live{base}?page={sp.page + 1}&limit={sp.limit}&filter={quote(filt)}",
             crumbs=[(record.run_id, f"/runs/{quote(record.run_id)}"), (step, "")],
             data={"run_id": record.run_id, "step": step, "base": base, "rows": rows,
                   "started_at": record.started_at, "counts": view.to_json()})
@@ -199,10 +194,12 @@ class UI:
         livenow = st is RunStatus.RUNNING
         atts = items.attempts_of(self.store, record, loc, livenow)
         idir = items.idir_of(record, loc)
-        q = request.query_params
-        chosen = int(q["attempt"]) if q.get("attempt", "").isdigit() else (
-            loc.record.attempt if loc.record and loc.record.attempt else
-            (atts[-1].number if atts else 0))
+        asked = whole(request.query_params, "attempt", 0, 0)
+        if asked and all(a.number != asked for a in atts):
+            return self.error(404, f"{step}/{loc.key} has no attempt {asked} (its attempts: "
+                                   f"{', '.join(str(a.number) for a in atts) or 'none yet'})")
+        chosen = asked or (loc.record.attempt if loc.record and loc.record.attempt else
+                           (atts[-1].number if atts else 0))
         kind = items.kind(record, step)
         base = detail.item_url(record.run_id, step, loc.key)
         prov = detail.provenance_of(self.store, record, step, loc.index, chosen)
@@ -255,9 +252,9 @@ class UI:
         if loc is None:
             return PlainTextResponse(f"no item {step}/{key}\n", 404)
         idir = items.idir_of(record, loc)
-        q = request.query_params
-        attempt = int(q["attempt"]) if q.get("attempt", "").isdigit() else (
-            loc.record.attempt if loc.record else 0)
+        attempt = whole(request.query_params, "attempt", -1, 0)
+        if attempt < 0:
+            attempt = loc.record.attempt if loc.record else 0
         prov = detail.provenance_of(self.store, record, step, loc.index, attempt)
         if which == "out":
             listed = {o["name"]: o["sha256"]
@@ -357,7 +354,8 @@ class UI:
 
     async def live_runs(self, request: Request) -> Response:
         q = request.query_params
-        ticker = live.RunsTicker(self.rows, q.get("status") or None, q.get("workflow") or None)
+        ticker = live.RunsTicker(self.rows, single(q, "status") or None,
+                                 single(q, "workflow") or None)
         return self.stream(request, ticker.tick)
 
     async def live_run(self, request: Request) -> Response:
@@ -366,24 +364,23 @@ class UI:
         return self.stream(request, ticker.tick)
 
     async def live_step(self, request: Request) -> Response:
-        q = request.query_params
-        limit = int(q["limit"]) if q.get("limit", "").isdigit() else 100
+        # Numbered from 1, as the page's own URL.
+        page, limit, filt = paging(request.query_params, PAGE_SIZES, 100, FILTERS)
         ticker = live.StepTicker(self.store, self.folds, request.path_params["run"],
-                                 request.path_params["step"],
-                                 int(q["page"]) if q.get("page", "").isdigit() else 0,
-                                 limit if limit in PAGE_SIZES else 100, q.get("filter", ""),
-                                 self.final)
-        if ticker.filter and ticker.filter not in items.FILTERS \
-                and ticker.filter not in items.DERIVED:
-            return PlainTextResponse("unknown filter\n", 400)
+                                 request.path_params["step"], page, limit, filt, self.final)
         return self.stream(request, ticker.tick)
 
     async def live_item(self, request: Request) -> Response:
         q = request.query_params
         ticker = live.ItemTicker(self.store, self.folds, request.path_params["run"],
                                  request.path_params["step"], request.path_params["key"])
-        ticker.prime(live.parse_offsets(q.get("logs", "")), q.get("finished") == "1")
+        ticker.prime(live.parse_offsets(single(q, "logs")), single(q, "finished") == "1")
         return self.stream(request, ticker.tick)
+
+    def bad_param(self, request: Request, exc: Exception) -> Response:
+        if request.url.path.startswith(("/live/", "/api/")) or "/files/" in request.url.path:
+            return PlainTextResponse(f"{exc}\n", 400, headers=HEADERS)
+        return self.error(400, str(exc))
 
     # -- actions ---------------------------------------------------------------
 
@@ -455,6 +452,6 @@ def make_app(settings: Settings) -> Starlette:
         Route(key + "/log/{attempt:int}/{stream}", ui.log),
         Mount("/static", static, name="static"),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={BadParam: ui.bad_param})
     app.state.ui = ui
     return app

@@ -110,10 +110,10 @@ def step_page(store: Store, folds: Folds, record: RunRecord, step: str, *, page:
         running = running_indexes(store, record, step, spans)
         if running:
             total = max(total, max(running) + 1)
-    page = max(0, page)
-    lo = page * limit
     rows: list[Row]
     if not filter:
+        page = last_page_at_most(page, total, limit)
+        lo = page * limit
         hi = min(total, lo + limit)
         recs = {r.item: r for r in store.item_page(record.run_id, step, from_index=lo,
                                                    limit=limit) if r.item < hi}
@@ -123,6 +123,8 @@ def step_page(store: Store, folds: Folds, record: RunRecord, step: str, *, page:
     elif filter in FILTERS:
         wanted = FILTERS[filter]
         matching = sum(n for s, n in (tally.counts if tally else {}).items() if s in wanted)
+        page = last_page_at_most(page, matching, limit)
+        lo = page * limit
         rows = [row_of(r, fold) for r in store.item_page(record.run_id, step, offset=lo,
                                                          limit=limit, statuses=wanted)]
     elif filter in DERIVED:
@@ -135,6 +137,8 @@ def step_page(store: Store, folds: Folds, record: RunRecord, step: str, *, page:
             done = {s.item for s in spans} | running
             chosen = [i for i in range(total) if i not in done]
         matching = len(chosen)
+        page = last_page_at_most(page, matching, limit)
+        lo = page * limit
         rows = []
         for i in chosen[lo:lo + limit]:
             rec = store.find_item(record.run_id, step, index=i)
@@ -144,6 +148,13 @@ def step_page(store: Store, folds: Folds, record: RunRecord, step: str, *, page:
         raise ValueError(f"unknown filter {filter!r}")
     return StepPage(step, kind_of(record, step), status, total, rows, matching, page, limit,
                     filter)
+
+
+def last_page_at_most(page: int, matching: int, limit: int) -> int:
+    """``page`` (from 0), or the last page there is: a page past the end (a URL
+    typed, or kept while a filter's items went away) shows the end, and a number
+    too big for the store never reaches it."""
+    return max(0, min(page, -(-matching // limit) - 1))
 
 
 # -- one item ---------------------------------------------------------------------
