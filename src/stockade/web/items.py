@@ -200,6 +200,9 @@ class AttemptView:
     message: str = ""
     stdout_size: int = 0
     stderr_size: int = 0
+    #: The Dask worker that ran it (its name; ``worker_at``: address and host), if any.
+    worker: str = ""
+    worker_at: str = ""
 
 
 def attempts_of(store: Store, record: RunRecord, loc: Located, live: bool) -> list[AttemptView]:
@@ -213,11 +216,11 @@ def attempts_of(store: Store, record: RunRecord, loc: Located, live: bool) -> li
     out = []
     on_disk = set(idir.attempt_numbers())
     for n in numbers:
-        sizes = [_size(idir.stdout(n)), _size(idir.stderr(n))]
+        sizes = (_size(idir.stdout(n)), _size(idir.stderr(n)))
         a = recorded.get(n)
         if a is not None:
             out.append(AttemptView(n, a.outcome, a.exit_code, a.started_at, a.ended_at,
-                                   a.message, *sizes))
+                                   a.message, *sizes, *_worker(a.provenance)))
         elif loc.record is not None and loc.record.attempt == n:
             r = loc.record
             out.append(AttemptView(n, r.status, None, r.started_at, r.ended_at, r.message,
@@ -226,6 +229,16 @@ def attempts_of(store: Store, record: RunRecord, loc: Located, live: bool) -> li
             out.append(AttemptView(n, "running" if live else "lost", None,
                                    attempt_started(idir, n), None, "", *sizes))
     return out
+
+
+def _worker(provenance: dict[str, Any] | None) -> tuple[str, str]:
+    """(name, "address on host") of the worker an attempt's provenance names."""
+    w = (provenance or {}).get("worker")
+    if not isinstance(w, dict):
+        return "", ""
+    name = str(w.get("name") or w.get("address") or "")
+    where = " on ".join(str(w[k]) for k in ("address", "host") if w.get(k))
+    return name, where
 
 
 def _size(path: Path) -> int:

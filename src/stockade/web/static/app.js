@@ -791,6 +791,7 @@
       tr.appendChild(td);
       const oc = el("td", { "data-f": "outcome" }); oc.appendChild(pillEl(a.outcome)); tr.appendChild(oc);
       tr.appendChild(el("td", { class: "num", "data-f": "exit_code" }, a.exit_code === null ? "-" : a.exit_code));
+      if ($("#attempts th[data-col=worker]")) tr.appendChild(workerCell(a));
       tr.appendChild(el("td", {}, when(a.started_at)));
       tr.appendChild(el("td", { "data-f": "duration", "data-start": a.started_at || "", "data-end": a.ended_at || "",
         "data-running": a.outcome === "running" ? "1" : "0" }, "-"));
@@ -801,6 +802,14 @@
       }
       tr.appendChild(el("td", { class: "message", "data-f": "message" }, a.message || ""));
       return tr;
+    };
+    const workerCell = (a) => el("td", { class: "mono", "data-f": "worker", title: a.worker_at || "" }, a.worker || "");
+    // The column is drawn once an attempt names a worker (a Dask run); it can be
+    // the first one to, after the page was drawn.
+    const workerColumn = () => {
+      if ($("#attempts th[data-col=worker]")) return;
+      $("#attempts thead th:nth-child(3)").after(el("th", { "data-col": "worker" }, "worker"));
+      for (const tr of $$("#attempts tbody tr")) $("[data-f=exit_code]", tr).after(workerCell({}));
     };
     const attempts = {};
     const swapIn = async () => {
@@ -826,6 +835,7 @@
       for (const [n, ch] of Object.entries(p.attempts || {})) {
         if (ch === null) continue;
         const a = attempts[n] = Object.assign(attempts[n] || {}, ch);
+        if (ch.worker) workerColumn();
         let tr = $("#attempts tr[data-attempt=\"" + n + "\"]");
         if (!tr) {
           tr = attemptRow(n, a);
@@ -837,6 +847,8 @@
         if (ch.outcome) setPill($("[data-f=outcome]", tr), ch.outcome);
         if ("exit_code" in ch) setText($("[data-f=exit_code]", tr), ch.exit_code === null ? "-" : ch.exit_code);
         if ("message" in ch) setText($("[data-f=message]", tr), ch.message || "");
+        const w = $("[data-f=worker]", tr);
+        if (w && "worker" in ch) { setText(w, ch.worker || ""); w.title = ch.worker_at || ""; }
         for (const s of ["stdout", "stderr"]) if ((s + "_size") in ch) setText($("[data-f=" + s + "_size]", tr), size(ch[s + "_size"]));
         const d = $("[data-f=duration]", tr);
         if (d && ("ended_at" in ch || ch.outcome)) setEnd(d, a.ended_at, a.outcome === "running");
