@@ -34,6 +34,10 @@ from stockade.web.model import (
 
 #: How many of a run's failures its page lists (the step pages list them all).
 FAILURES_SHOWN = 20
+#: The most of one log a tick sends. A log further behind than this skips to its
+#: last window (the page marks the gap): at a fixed share per tick, a step that
+#: writes faster than the stream sends would never be caught up.
+WINDOW = 256 << 10
 
 
 def diff(old: Any, new: Any) -> Any:
@@ -288,14 +292,17 @@ class ItemTicker:
         if record is not None and loc is not None:
             logs: dict[str, str] = {}
             offsets: dict[str, int] = {}
+            skipped: dict[str, int] = {}
             for n_text in snap["attempts"]:
                 n = int(n_text)
                 for stream in ("stdout", "stderr"):
                     follow = self.logs.get((n, stream))
                     if follow is None:
                         follow = self.logs[(n, stream)] = LogFollow(0)
-                    data, start, _size = itemsmod.read_log(record, self.step, loc.index, n,
-                                                           stream, follow.offset)
+                    data, start, gap = follow_log(record, self.step, loc.index, n, stream,
+                                                  follow)
+                    if gap:
+                        skipped[f"{n}:{stream}"] = gap
                     if data:
                         follow.offset = start + len(data)
                         offsets[f"{n}:{stream}"] = follow.offset
@@ -306,6 +313,8 @@ class ItemTicker:
                 out["logs"] = logs
             if offsets:
                 out["offsets"] = offsets
+            if skipped:
+                out["skipped"] = skipped
             if loc.record is not None and self.primed_unfinished and not self.finished_sent:
                 # The page was drawn before the item finished: it fetches the
                 # parts that exist only now (outputs, provenance, transcript).
@@ -318,6 +327,24 @@ class ItemTicker:
         self.primed_unfinished = not finished
         for k, off in offsets.items():
             self.logs[k] = LogFollow(off)
+
+
+def follow_log(record: RunRecord, step: str, index: int, attempt: int, stream: str,
+               follow: LogFollow, window: int = WINDOW) -> tuple[bytes, int, int]:
+    """The log's bytes after ``follow.offset``, at most ``window`` of them: ``(data,
+    start, skipped)``. Further behind than a window, it skips to the last window's
+    first whole line, and ``skipped`` says how many bytes the page will not get."""
+    data, start, size = itemsmod.read_log(record, step, index, attempt, stream,
+                                          follow.offset, window)
+    if size - follow.offset <= window:
+        return data, start, 0
+    data, start, size = itemsmod.read_log(record, step, index, attempt, stream, None, window)
+    line = data.find(b"\n", 0, 16 << 10)
+    if 0 <= line < len(data) - 1:
+        data, start = data[line + 1:], start + line + 1
+    # The bytes before the window may end inside a character: start decoding afresh.
+    follow.decoder.reset()
+    return data, start, max(0, start - follow.offset)
 
 
 def parse_offsets(text: str) -> dict[tuple[int, str], int]:

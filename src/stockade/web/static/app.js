@@ -745,6 +745,8 @@
     });
   }
 
+  const LOG_KEEP = 1 << 20;
+
   function itemPage() {
     const offsets = {};
     const logsUrl = () => {
@@ -811,6 +813,40 @@
       $("#attempts thead th:nth-child(3)").after(el("th", { "data-col": "worker" }, "worker"));
       for (const tr of $$("#attempts tbody tr")) $("[data-f=exit_code]", tr).after(workerCell({}));
     };
+    // A note in a log: what is not shown, and a link to the whole file.
+    const logNote = (k, cls, text) => {
+      const [n, stream] = k.split(":");
+      const note = el("span", { class: "log-note " + cls }, text + "; the whole log: ");
+      note.appendChild(el("a", { href: base + "/log/" + n + "/" + stream }, "download"));
+      note.appendChild(document.createTextNode("\n"));
+      return note;
+    };
+    // A page that follows a chatty step for hours keeps only the last LOG_KEEP
+    // characters of each log (oldest first out), under one note that says so.
+    const keepTail = (pre, k) => {
+      let top = $(".log-dropped", pre);
+      let excess = pre.textContent.length - (top ? top.textContent.length : 0) - LOG_KEEP;
+      if (excess <= 0) return;
+      if (!top) {
+        top = logNote(k, "log-dropped", "\u2026 older text dropped: this page keeps the last " + size(LOG_KEEP));
+        pre.insertBefore(top, pre.firstChild);
+      }
+      let node = top.nextSibling;
+      while (excess > 0 && node) {
+        const next = node.nextSibling;
+        const len = node.textContent.length;
+        if (len <= excess || node.nodeType !== Node.TEXT_NODE) {
+          node.remove();
+          excess -= len;
+        } else {
+          // Cut at a line's start, so the oldest line kept is whole.
+          const nl = node.data.indexOf("\n", excess - 1);
+          node.data = node.data.slice(nl < 0 ? excess : nl + 1);
+          excess = 0;
+        }
+        node = next;
+      }
+    };
     const attempts = {};
     const swapIn = async () => {
       // The item finished: its outputs, provenance and transcript exist now.
@@ -853,14 +889,18 @@
         const d = $("[data-f=duration]", tr);
         if (d && ("ended_at" in ch || ch.outcome)) setEnd(d, a.ended_at, a.outcome === "running");
       }
-      for (const [k, text] of Object.entries(p.logs || {})) {
+      const skipped = p.skipped || {};
+      for (const k of new Set([...Object.keys(skipped), ...Object.keys(p.logs || {})])) {
         const [n] = k.split(":");
         logBox(n);
         const pre = $("pre[data-log=\"" + k + "\"]");
         if (!pre) continue;
         const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+        // The server skipped ahead: the log grew faster than a stream can follow.
+        if (skipped[k]) pre.appendChild(logNote(k, "log-skip", "\u2026 " + size(skipped[k]) + " skipped"));
         // A new text node at the end: the text already there, and a selection in it, stay.
-        pre.appendChild(document.createTextNode(text));
+        if (p.logs && p.logs[k]) pre.appendChild(document.createTextNode(p.logs[k]));
+        keepTail(pre, k);
         if (atEnd) pre.scrollTop = pre.scrollHeight;
       }
       for (const [k, v] of Object.entries(p.offsets || {})) offsets[k] = v;
