@@ -7,6 +7,7 @@ import ipaddress
 import os
 import socket
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -173,7 +174,10 @@ def call(guard: OwnerGuard, scope: dict[str, Any]) -> tuple[int, bytes]:
     async def send(msg: dict[str, Any]) -> None:
         sent.append(msg)
 
-    asyncio.run(guard({"type": "http", "headers": [], **scope}, receive, send))
+    # In a thread of its own: a browser test's session may hold this thread's loop.
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, guard({"type": "http", "headers": [], **scope}, receive,
+                                       send)).result()
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return sent[0]["status"], body
 
