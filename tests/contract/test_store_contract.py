@@ -195,24 +195,7 @@ def test_stores_made_before_usage_gain_it(store: Store, tmp_path: Path) -> None:
     """An items table without the usage column (an older store) is migrated on open."""
     store.create_run(run())
     store.complete_item(ItemRecord("r1", "s", 0, "succeeded", 1, usage={"input_tokens": 1}), [])
-    if isinstance(store, SQLiteStore):
-        import sqlite3
-
-        store.close()
-        with sqlite3.connect(tmp_path / "stockade.db") as db:
-            db.execute("ALTER TABLE items DROP COLUMN usage")
-        store = open_store(None, tmp_path)
-    else:
-        import psycopg
-
-        from stockade.store.postgres import PostgresStore
-
-        assert isinstance(store, PostgresStore)
-        url = store.conninfo
-        store.close()
-        with psycopg.connect(url, autocommit=True) as db:
-            db.execute("ALTER TABLE stockade_items DROP COLUMN usage")
-        store = open_store(url, tmp_path)
+    store = _reopened_without(store, tmp_path, "items", "usage")
     try:
         [old] = store.items("r1")
         assert old.usage == {} and old.key == "0"
@@ -220,6 +203,28 @@ def test_stores_made_before_usage_gain_it(store: Store, tmp_path: Path) -> None:
         assert [i.usage for i in store.items("r1")] == [{}, {"output_tokens": 2}]
     finally:
         store.close()
+
+
+def _reopened_without(store: Store, tmp_path: Path, table: str, column: str) -> Store:
+    """``store`` closed, ``column`` dropped from ``table`` (a store made before the
+    column was), and the store opened again: the migration on open runs."""
+    if isinstance(store, SQLiteStore):
+        import sqlite3
+
+        store.close()
+        with sqlite3.connect(tmp_path / "stockade.db") as db:
+            db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        return open_store(None, tmp_path)
+    import psycopg
+
+    from stockade.store.postgres import PostgresStore
+
+    assert isinstance(store, PostgresStore)
+    url = store.conninfo
+    store.close()
+    with psycopg.connect(url, autocommit=True) as db:
+        db.execute(f"ALTER TABLE stockade_{table} DROP COLUMN {column}")
+    return open_store(url, tmp_path)
 
 
 def test_items_keep_why_they_were_not_reused(store: Store, tmp_path: Path) -> None:
@@ -233,24 +238,7 @@ def test_items_keep_why_they_were_not_reused(store: Store, tmp_path: Path) -> No
     assert [i.not_reused for i in store.item_page("r1", "a")] == [why, "no", None]
     assert (store.get_item("r1", "a", 0) or ItemRecord("", "", 0, "", 0)).not_reused == why
     assert (store.find_item("r1", "a", key="1") or ItemRecord("", "", 0, "", 0)).not_reused == "no"
-    if isinstance(store, SQLiteStore):
-        import sqlite3
-
-        store.close()
-        with sqlite3.connect(tmp_path / "stockade.db") as db:
-            db.execute("ALTER TABLE items DROP COLUMN not_reused")
-        store = open_store(None, tmp_path)
-    else:
-        import psycopg
-
-        from stockade.store.postgres import PostgresStore
-
-        assert isinstance(store, PostgresStore)
-        url = store.conninfo
-        store.close()
-        with psycopg.connect(url, autocommit=True) as db:
-            db.execute("ALTER TABLE stockade_items DROP COLUMN not_reused")
-        store = open_store(url, tmp_path)
+    store = _reopened_without(store, tmp_path, "items", "not_reused")
     try:
         assert [i.not_reused for i in store.items("r1")] == [None, None, None]
         store.complete_item(ItemRecord("r1", "a", 3, "succeeded", 1, not_reused=why), [])
