@@ -77,3 +77,28 @@ def test_unsigned_replayed_misdirected_and_revoked_calls_are_refused(server: Mod
         assert len(server.seen) == 1
     finally:
         gw.close()
+
+
+def test_a_base_urls_credentials_stay_on_the_engine(server: ModelServer) -> None:
+    """The worker got the base URL variable whole, password and query values
+    included; it now gets it as records show it, and the engine, which
+    compares that form, posts to the real URL."""
+    env = server.env("anthropic")
+    env["ANTHROPIC_BASE_URL"] = f"http://alice:pw-secret@127.0.0.1:{server.port}?token=tok-secret"
+    wenv = worker_env("anthropic", "m", None, env)
+    assert "secret" not in json.dumps(wenv), wenv
+    assert wenv["ANTHROPIC_BASE_URL"] == f"http://***@127.0.0.1:{server.port}?token=***"
+    gw = Gateway()
+    try:
+        gid, token = gw.grant("anthropic", "m", None, env, max_calls=3, echo=print, ask=None)
+        target = endpoints.resolve("anthropic", "m", None, wenv).url
+        body = json.dumps({"model": "m", "max_tokens": 16,
+                           "messages": [{"role": "user", "content": "hello"}]}).encode()
+        with GatewayClient(gw.url, gid, token).http() as http:
+            r = http.post(target, content=body, headers=endpoints.headers("anthropic", PLACEHOLDER))
+        assert r.status_code == 200, r.text
+        seen = server.seen[-1]
+        assert (seen.path, seen.query) == ("/v1/messages", {"token": "tok-secret"})
+        assert seen.headers["x-api-key"] == server.key
+    finally:
+        gw.close()

@@ -71,10 +71,14 @@ class Grant:
 
 def worker_env(provider: str, model: str, step: endpoints.StepEndpoint | None,
                host_env: Mapping[str, str]) -> dict[str, str]:
-    """What a worker's broker needs to build the engine's requests: never a key."""
+    """What a worker's broker needs to build the engine's requests: never a key,
+    nor a base URL's password or query values (the worker names the URL as
+    ``endpoints.shown`` does; the engine compares that and posts to the real one)."""
     step = step or endpoints.StepEndpoint()
     base_var = endpoints.PROVIDER_ENV[provider][1]
     out = {k: host_env[k] for k in (base_var, endpoints.AZURE_VERSION_ENV) if k in host_env}
+    if base_var in out:
+        out[base_var] = endpoints.shown(out[base_var])
     target = endpoints.resolve(provider, model, step, host_env)
     if target.key_var:
         out[target.key_var] = PLACEHOLDER
@@ -192,7 +196,7 @@ class _Handler(BaseHTTPRequestHandler):
             grant.calls_left -= 1
             allowed = grant.calls_left >= 0
         wanted = self.headers.get("x-stockade-url", "")
-        if not allowed or wanted != grant.target.url:
+        if not allowed or wanted != grant.target.shown:
             why = ("this attempt used up its model calls" if not allowed else
                    f"this attempt may call {grant.target.shown} only")
             self._answer(200, b"", {"x-stockade-status": "0", "x-stockade-error":

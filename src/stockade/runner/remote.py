@@ -176,8 +176,13 @@ def _agent_spec(attempt: Attempt, action: Mapping[str, Any], env: Mapping[str, s
         provider, model, endpoint, run.host_env, max_calls=agent.max_turns * CALLS_PER_TURN,
         echo=run.echo, ask=settings.ask if interactive else None)
     own = tuple(env[s] for s in step.secrets if s in env)
+    update: dict[str, Any] = {"prompt": action["prompt"]}
+    if agent.endpoint is not None and agent.endpoint.base_url:
+        # The worker names the URL without its credentials (``worker_env``).
+        update["endpoint"] = agent.endpoint.model_copy(
+            update={"base_url": endpoints.shown(agent.endpoint.base_url)})
     return AgentSpec(
-        config=agent.model_copy(update={"prompt": action["prompt"]}),
+        config=agent.model_copy(update=update),
         env=worker_env(provider, model, endpoint, run.host_env), gateway=settings.gateway.url,
         grant=gid, token=token, interactive=interactive, outputs=tuple(step.outputs),
         secrets=own, run_id=run.run_id, step=step.id, item=attempt.item.index,
