@@ -50,3 +50,10 @@ def printable(text: str) -> str:
         else:
             out.append(repr(c)[1:-1])
     return "".join(out)
+
+
+def lines(text: str) -> list[str]:
+    """``text``'s lines, split at newlines only: ``str.splitlines`` also splits
+    at a carriage return, and a step's ``\r`` would start a line of its own
+    choosing in a report that prefixes each of them."""
+    return text.rstrip("\n").split("\n") if text else []

@@ -652,3 +652,26 @@ def test_runs_refuses_a_filter_that_cannot_match(project: Project, args: tuple[s
     assert r.code == 2
     assert f"Invalid value for '{args[0]}'" in r.err
     assert "Traceback" not in r.err
+
+
+def test_a_steps_stderr_cannot_drive_the_operators_terminal(project: Project) -> None:
+    """A step's stderr tail and message were printed raw: an escape sequence
+    set the terminal's title, recoloured or rewrote the report's lines (an
+    OSC ended by ESC \\ survived whole). They are shown escaped; `logs`
+    still gives the bytes as written."""
+    wf = project.write("wf.yaml", r"""
+        name: esc
+        steps:
+          - id: p
+            run: |
+              printf '\033]0;PWNED\033\\\033[2K\rp/0: ok\n' >&2
+              exit 3
+    """)
+    r = project.run("run", str(wf), "--run-id", "esc1")
+    assert r.code == 1, r.err
+    shown = project.run("show", "esc1", "p/0")
+    for out in (r.err, shown.out):
+        assert "\x1b" not in out and "\r" not in out, out
+        assert "\\x1b]0;PWNED\\x1b\\\\\\x1b[2K\\rp/0: ok" in out, out
+    logs = project.run("logs", "esc1", "p/0", "--stderr")
+    assert "\x1b]0;PWNED" in logs.out

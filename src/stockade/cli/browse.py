@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from stockade._show import duration, printable, when
+from stockade._show import duration, lines, printable, when
 from stockade.cli.main import _root, friendly, json_option, root_option
 from stockade.errors import UserError
 from stockade.runner import history
@@ -279,8 +279,8 @@ def _print_item(view: history.RunView, d: history.ItemView) -> None:
                    f"{p.get('lease')!r} with token {p.get('token')}: {p.get('status')}")
     if d.tail:
         click.echo("  last lines of stderr:")
-        for line in d.tail.splitlines():
-            click.echo(f"    {line}")
+        for line in lines(d.tail):
+            click.echo(f"    {printable(line)}")
     if d.kind in ("run", "agent") and (d.attempts or rec.status in UNFINISHED):
         click.echo(f"  logs: stockade logs {view.record.run_id} "
                    f"{shlex.quote(f'{rec.step}/{rec.label}')} [--stderr] [--attempt N]")

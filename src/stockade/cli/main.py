@@ -28,6 +28,7 @@ import click
 # (``stockade._pending``); each command then takes SIGINT as a counted
 # KeyboardInterrupt (``friendly``).
 from stockade import _pending
+from stockade._show import printable
 from stockade.cli.streams import outlive_readers
 from stockade.errors import StaleOutput, StockadeError, TamperedArtifact, UserError
 
@@ -174,7 +175,7 @@ def _finish(result: Any, as_json: bool, t0: float) -> None:
         }, indent=2, sort_keys=True))
     else:
         for m in s.messages[:20]:
-            click.echo(f"  {m}", err=True)
+            click.echo(f"  {printable(m)}", err=True)
         if len(s.messages) > 20:
             click.echo(f"  ... and {len(s.messages) - 20} more (stockade show {result.run_id})", err=True)
         total = sum(sum(c.values()) for c in s.items.values())

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any
 
+from stockade._show import lines, printable
+
 GOOD = ("succeeded", "kept", "reused")
 
 
@@ -64,15 +66,16 @@ class PlainReporter:
         pass
 
     def item_retrying(self, step: str, key: str, attempt: int, delay: float, message: str) -> None:
-        self._line(f"{step}/{key}: attempt {attempt} failed ({message}); retry in {delay:.1f}s")
+        self._line(f"{step}/{key}: attempt {attempt} failed ({printable(message)}); "
+                   f"retry in {delay:.1f}s")
 
     def item_finished(self, step: str, key: str, status: str, attempt: int, message: str,
                       tail: str = "") -> None:
         if status in GOOD:
             return
-        self._line(f"{step}/{key}: {status} (attempt {attempt}) {message}".rstrip())
-        for line in tail.splitlines():
-            self._line(f"    | {line}")
+        self._line(f"{step}/{key}: {status} (attempt {attempt}) {printable(message)}".rstrip())
+        for line in lines(tail):
+            self._line(f"    | {printable(line)}")
         if tail and self.run_id:
             self._line(f"    more: stockade logs {self.run_id} {shlex.quote(f'{step}/{key}')} "
                        "--stderr")
@@ -147,7 +150,7 @@ class LiveReporter(PlainReporter):
             if s.running:
                 s.running -= 1
         self._styled(f"{step}/{key}", "yellow",
-                     f": attempt {attempt} failed ({message}); retry in {delay:.1f}s")
+                     f": attempt {attempt} failed ({printable(message)}); retry in {delay:.1f}s")
 
     def item_finished(self, step: str, key: str, status: str, attempt: int, message: str,
                       tail: str = "") -> None:
@@ -161,9 +164,10 @@ class LiveReporter(PlainReporter):
             if status not in GOOD:
                 s.failed += 1
         if status not in GOOD:
-            self._styled(f"{step}/{key}", "red", f": {status} (attempt {attempt}) {message}")
-            for line in tail.splitlines():
-                self.console.print(f"    | {line}", markup=False, highlight=False)
+            self._styled(f"{step}/{key}", "red",
+                         f": {status} (attempt {attempt}) {printable(message)}")
+            for line in lines(tail):
+                self.console.print(f"    | {printable(line)}", markup=False, highlight=False)
             if tail and self.run_id:
                 self.console.print(f"    more: stockade logs {self.run_id} "
                                    f"{shlex.quote(f'{step}/{key}')} --stderr",

@@ -255,7 +255,8 @@ def _tail(path: Path, lines: int = 10) -> str:
             data = f.read()
     except OSError:
         return ""
-    return "\n".join(data.decode("utf-8", errors="replace").rstrip("\n").splitlines()[-lines:])
+    # Newlines only: a carriage return stays in its line (``show`` escapes it).
+    return "\n".join(data.decode("utf-8", errors="replace").rstrip("\n").split("\n")[-lines:])
 
 
 def log(store: Store, record: RunRecord, item: ItemRecord, which: str, attempt: int | None,

@@ -296,7 +296,8 @@ def stderr_tail(path: Path, lines: int = TAIL_LINES) -> str:
     except OSError:
         return ""
     text = data.decode("utf-8", errors="replace").rstrip("\n")
-    return "\n".join(text.splitlines()[-lines:])
+    # Newlines only: a carriage return stays in its line, shown escaped.
+    return "\n".join(text.split("\n")[-lines:])
 
 
 def _signal_of(code: int) -> int | None:
