@@ -112,3 +112,16 @@ def test_a_tmpdir_below_a_private_folder_keeps_bwrap_enforced(tmp_path: Path) ->
                          env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert (private / "root/runs/p1/a/0/work/out/x.txt").read_text() == "hi\n"
+
+
+def test_landlock_names_the_metadata_it_cannot_govern_for_an_unprivileged_engine(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Landlock has no right for chmod, chown, utime or setxattr: a jail of an
+    unprivileged engine (its own uid) can change them on the engine's files."""
+    _available("landlock")
+    backend = get_backend("landlock")
+    said = "Landlock does not govern a file's metadata"
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert any(said in line for line in backend.limitations())
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert not any(said in line for line in backend.limitations())

@@ -288,7 +288,8 @@ class LandlockBackend(Backend):
         lims = [
             "no mount namespace: host paths are visible by name; reads are limited to system "
             "directories, a few /etc files, /proc, work/ and a private scratch directory",
-            "no pid namespace: other processes and their command lines are listed in /proc "
+            "no pid namespace: other processes and their command lines are listed in /proc, "
+            "the engine's (its --var values) and other items' rendered commands among them "
             "(their environment, memory, fds and root are not readable)",
             shared,
         ]
@@ -305,6 +306,12 @@ class LandlockBackend(Backend):
             "engine's jails share its uid (the limit is set to the current count plus the "
             "step's share); a root engine gives each running item a uid of its own",
             "/dev/stdout and /dev/stderr can be reopened only when they are files",
+            *(() if os.geteuid() == 0 else (
+                "Landlock does not govern a file's metadata: an unprivileged engine's jails "
+                "run as its uid and can chmod, chown within it, touch and setxattr any path "
+                "that uid owns (its home, the run store) though they cannot read or write "
+                "it; a root engine gives each item a uid of its own, and bwrap mounts them "
+                "read-only or not at all",)),
             "no other root filesystem: a step with image: is refused when the run starts",
         ]
         if self.abi < 4:
