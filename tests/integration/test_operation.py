@@ -8,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import sqlite3
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +21,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.integration.conftest import Project
+from tests.integration.conftest import Project, Result
 
 
 def _wait_for(cond: Any, timeout: float = 60) -> None:
@@ -591,3 +593,68 @@ def test_a_finished_runs_tallies_come_from_its_step_events(project: Project) -> 
             "failed": 1, "succeeded": 2}
     finally:
         store.close()
+
+
+def _read_only(project: Project, root: Path, *args: str) -> Result:
+    """``stockade ARGS`` with ``root`` on a read-only mount (a mount namespace of
+    its own; a user namespace too where the suite does not run as root)."""
+    cmd = " ".join(shlex.quote(a) for a in project.cmd(*args, "--root", str(root)))
+    script = (f"mount --bind {shlex.quote(str(root))} {shlex.quote(str(root))} && "
+              f"mount -o remount,ro,bind {shlex.quote(str(root))} && {cmd}")
+    argv = ["unshare", "-m", *([] if os.geteuid() == 0 else ["-r"]), "sh", "-c", script]
+    p = subprocess.run(argv, cwd=project.path, env=project.env, capture_output=True, text=True,
+                       timeout=120)
+    return Result(p.returncode, p.stdout, p.stderr)
+
+
+def test_a_read_only_root_is_read_and_refused_for_writes_in_one_line(project: Project) -> None:
+    """run and gc printed sqlite3's and shutil's tracebacks (exit 1), and gc
+    had deleted part of a run's folder that the store still listed."""
+    wf = project.write("wf.yaml", "name: ro\nsteps:\n  - id: a\n    run: echo hi > out/x\n")
+    root = project.path / "ro-root"
+    for rid in ("old-1", "old-2"):
+        assert project.run("run", str(wf), "--run-id", rid, "--root", str(root)).code == 0
+    listed = _read_only(project, root, "runs", "--json")
+    assert listed.code == 0 and [r["run_id"] for r in json.loads(listed.out)] == ["old-2", "old-1"]
+    ran = _read_only(project, root, "run", str(wf))
+    assert ran.code == 2 and "Traceback" not in ran.err, ran.err
+    assert "cannot be written" in ran.err or "Read-only file system" in ran.err, ran.err
+    gone = _read_only(project, root, "gc", "--keep", "1")
+    assert gone.code == 2 and "Traceback" not in gone.err, gone.err
+    assert gone.err.strip().startswith("error: cannot delete run old-1: "), gone.err
+    assert gone.err.strip().endswith("nothing was deleted"), gone.err
+    # Writable again: old-1 is whole, and gc takes it.
+    assert (root / "runs/old-1/a/0/work/out/x").read_text() == "hi\n"
+    assert project.run("gc", "--keep", "1", "--root", str(root)).code == 0
+    assert sorted(p.name for p in (root / "runs").iterdir()) == ["old-2"]
+
+
+def test_runs_of_a_root_never_run_in_is_an_empty_list(project: Project) -> None:
+    (project.path / "fresh").mkdir()
+    r = project.run("runs", "--root", str(project.path / "fresh"), "--json")
+    assert (r.code, r.out.strip()) == (0, "[]"), r.err
+    r = project.run("runs", "--root", str(project.path / "fresh"))
+    assert (r.code, r.out.strip()) == (0, "no runs yet"), r.err
+    missing = project.run("runs", "--root", str(project.path / "typo"))
+    assert missing.code == 2 and "no runs under" in missing.err
+
+
+def test_every_command_that_reads_runs_takes_store(project: Project, pg_url: str) -> None:
+    """`run --store URL` wrote to PostgreSQL; `runs`, `show`, `logs`, `why`, `gc`
+    and `rm` took no --store and said the root had no runs."""
+    wf = project.write("wf.yaml", "name: pg\nsteps:\n  - id: a\n    run: echo hi > out/x\n")
+    root = str(project.path / "pg-root")
+    for rid in ("p1", "p2"):
+        assert project.run("run", str(wf), "--run-id", rid, "--root", root,
+                           "--store", pg_url).code == 0
+    store = ("--root", root, "--store", pg_url)
+    listed = project.run("runs", "--json", *store)
+    assert listed.code == 0 and [r["run_id"] for r in listed.json()] == ["p2", "p1"], listed.err
+    assert project.run("show", "last", "a/0", *store).code == 0
+    assert project.run("why", "p1", "a/0", *store).code == 0
+    assert project.run("logs", "p1", "a/0", *store).code == 0
+    assert project.run("gc", "--keep", "1", "--dry-run", *store).out.startswith("would delete p1")
+    assert project.run("rm", "p1", *store).out.strip() == "deleted p1"
+    alone = project.run("runs", "--root", root)  # the root's own SQLite has none
+    assert alone.code == 2 and "no store of its own: their records are in the store they ran " \
+        "with (--store URL, $STOCKADE_STORE)" in alone.err, alone.err

@@ -174,15 +174,29 @@ def test_bad_item_addresses(bad: str) -> None:
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
-    ("30d", 30 * 86400), ("12h", 43200), ("45m", 2700), ("90s", 90), ("2w", 1209600), ("600", 600),
+    ("30d", 30 * 86400), ("12h", 43200), ("45m", 2700), ("90s", 90), ("2w", 1209600),
+    ("1.5D", 129600),
 ])
 def test_ages(text: str, seconds: float) -> None:
     assert parse_age(text) == seconds
 
 
-def test_bad_age() -> None:
-    with pytest.raises(UserError, match="30d"):
-        parse_age("a month")
+@pytest.mark.parametrize(("text", "why"), [
+    ("a month", "use a number with s, m, h, d or w (for example 30d)"),
+    # A bare number was seconds: `--older-than 30` took every run older than 30 s.
+    ("30", "use a number with s, m, h, d or w"),
+    ("1y", "use a number with s, m, h, d or w"),
+    ("infd", "use a number with s, m, h, d or w"),
+    ("nand", "use a number with s, m, h, d or w"),
+    ("0", "use a number with s, m, h, d or w"),
+    ("0d", "an age must be more than 0 (every run would go); to delete all finished runs, "
+           "use --keep 0"),
+    ("-1d", "an age must be more than 0"),
+])
+def test_bad_ages(text: str, why: str) -> None:
+    with pytest.raises(UserError) as refused:
+        parse_age(text)
+    assert str(refused.value).startswith(f"--older-than {text!r}: {why}")
 
 
 def _cgroup(tmp_path: Path, line: str, files: dict[str, str]) -> tuple[Path, Path]:

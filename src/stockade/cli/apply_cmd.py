@@ -16,7 +16,7 @@ import click
 
 from stockade._show import printable
 from stockade.agent.apply import ApplyRefused, execute, plan_apply
-from stockade.cli.main import _root, friendly, root_option
+from stockade.cli.main import _root, friendly, read_store_option, root_option, store_url
 from stockade.runner.runs import resolve_item, resolve_run
 
 
@@ -28,13 +28,14 @@ from stockade.runner.runs import resolve_item, resolve_run
               help="the host checkout (a git work tree) to apply the diff to")
 @click.option("--yes", is_flag=True, help="do not ask for confirmation (automation)")
 @root_option
+@read_store_option
 @friendly
 def apply(run_id: str, step_item: str, dest: Path, yes: bool, root: str | None) -> None:
     """Apply the diff an agent step handed out to a git checkout."""
     from stockade.runner.history import item_dir
     from stockade.runner.roots import open_run_store
 
-    store = open_run_store(_root(root).resolve(), None, os.environ)
+    store = open_run_store(_root(root).resolve(), store_url(), os.environ)
     try:
         record = resolve_run(store, run_id)
         item = resolve_item(store, record.run_id, step_item)

@@ -20,7 +20,14 @@ from typing import Any
 import click
 
 from stockade._show import duration, lines, printable, when
-from stockade.cli.main import _root, friendly, json_option, root_option
+from stockade.cli.main import (
+    _root,
+    friendly,
+    json_option,
+    read_store_option,
+    root_option,
+    store_url,
+)
 from stockade.errors import UserError
 from stockade.runner import history
 from stockade.runner.runs import UNFINISHED, find_item, resolve_run, state
@@ -31,7 +38,7 @@ from stockade.store.base import Store
 def _store(root: Path, url: str | None = None) -> Store:
     from stockade.runner.roots import open_run_store
 
-    url = url or os.environ.get("STOCKADE_STORE")
+    url = url or store_url()
     if not url and not (root / "stockade.db").exists():
         raise UserError(f"no runs under {root} (set --root or $STOCKADE_HOME)")
     return open_run_store(root, url, os.environ)
@@ -39,6 +46,7 @@ def _store(root: Path, url: str | None = None) -> Store:
 
 @click.command()
 @root_option
+@read_store_option
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 @click.option("--status", "status_filter", default=None,
               type=click.Choice([str(s) for s in RunStatus]),
@@ -49,7 +57,18 @@ def _store(root: Path, url: str | None = None) -> Store:
 def runs(root: str | None, limit: int, status_filter: str | None, workflow: str | None,
          as_json: bool) -> None:
     """List runs, newest first."""
-    store = _store(_root(root).resolve())
+    runs_root = _root(root).resolve()
+    if runs_root.is_dir() and not store_url() and not (runs_root / "stockade.db").exists():
+        folders = [e for e in (runs_root / "runs").glob("*") if (e / "manifest.json").exists()]
+        if folders:
+            # Run folders without this root's store: `run --store URL` made them.
+            raise UserError(f"{runs_root} holds {len(folders)} run folder(s) but no store of "
+                            "its own: their records are in the store they ran with (--store "
+                            "URL, $STOCKADE_STORE)")
+        # A root made but never run in: nothing to list, as after gc took every run.
+        click.echo("[]" if as_json else "no runs yet")
+        return
+    store = _store(runs_root)
     now = time.time()
     rows = []
     for r in store.list_runs(max(limit * 4, limit) if (status_filter or workflow) else limit):
@@ -82,6 +101,7 @@ def runs(root: str | None, limit: int, status_filter: str | None, workflow: str 
 @click.argument("run_id")
 @click.argument("target", required=False)
 @root_option
+@read_store_option
 @click.option("--all", "show_all", is_flag=True, help="list every item and output")
 @json_option
 @friendly
@@ -293,6 +313,7 @@ def _print_item(view: history.RunView, d: history.ItemView) -> None:
 @click.option("--stderr", "which", flag_value="stderr", help="show stderr instead of stdout")
 @click.option("--stdout", "which", flag_value="stdout", default=True)
 @root_option
+@read_store_option
 @friendly
 def logs(run_id: str, target: str, attempt: int | None, which: str, root: str | None) -> None:
     """Print an item's captured stdout (or stderr) for an attempt."""
@@ -322,6 +343,7 @@ def logs(run_id: str, target: str, attempt: int | None, which: str, root: str | 
 @click.argument("target")
 @click.argument("output", required=False)
 @root_option
+@read_store_option
 @json_option
 @friendly
 def why(run_id: str, target: str, output: str | None, root: str | None, as_json: bool) -> None:

@@ -83,6 +83,26 @@ def _root(root: str | None) -> Path:
 root_option = click.option("--root", type=click.Path(file_okay=False), default=None,
                            help="runs folder (default: $STOCKADE_HOME or ./.stockade)")
 json_option = click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+
+
+def _remember_store(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value:
+        ctx.meta[STORE_META] = value
+
+
+#: Where a read command's ``--store`` is kept for ``store_url()``.
+STORE_META = "stockade.store"
+#: ``--store`` for the commands that read runs: the store ``run --store`` wrote to.
+read_store_option = click.option(
+    "--store", expose_value=False, callback=_remember_store, metavar="URL",
+    help="run store: a PostgreSQL URL (default: $STOCKADE_STORE, else SQLite in the root)")
+
+
+def store_url() -> str | None:
+    """The current command's ``--store``, else ``$STOCKADE_STORE``."""
+    ctx = click.get_current_context(silent=True)
+    given = ctx.meta.get(STORE_META) if ctx is not None else None
+    return given or os.environ.get("STOCKADE_STORE") or None
 executor_option = click.option(
     "--executor", default=None, envvar="STOCKADE_EXECUTOR",
     help="where items run: local (default) or dask://HOST:PORT, a Dask scheduler whose "

@@ -13,7 +13,7 @@ import click
 
 from stockade._show import when
 from stockade.cli.browse import _store
-from stockade.cli.main import _root, friendly, root_option
+from stockade.cli.main import _root, friendly, read_store_option, root_option
 from stockade.errors import UserError
 from stockade.runner.runs import (
     parse_age,
@@ -23,6 +23,7 @@ from stockade.runner.runs import (
     run_path,
     signal_cancel,
     state,
+    sweep_trash,
 )
 from stockade.workspace.runlock import is_held
 
@@ -37,13 +38,16 @@ CANCEL_WAIT = 60.0
               help="delete runs started longer ago than AGE (30d, 12h, ...)")
 @click.option("--dry-run", is_flag=True, help="list what would be deleted, delete nothing")
 @root_option
+@read_store_option
 @friendly
 def gc(keep: int | None, older_than: str | None, dry_run: bool, root: str | None) -> None:
     """Delete old run folders and their store records; never a running run."""
     if keep is None and older_than is None:
         raise UserError("gc needs --keep N and/or --older-than AGE (nothing is deleted by default)")
-    store = _store(_root(root).resolve())
     age = parse_age(older_than) if older_than is not None else None
+    runs_root = _root(root).resolve()
+    store = _store(runs_root)
+    sweep_trash(runs_root / "runs")
     chosen = retention(store.list_runs(1_000_000), keep=keep, older_than=age, now=time.time())
     for r in chosen:
         verb = "would delete" if dry_run else "deleted"
@@ -57,6 +61,7 @@ def gc(keep: int | None, older_than: str | None, dry_run: bool, root: str | None
 @click.command()
 @click.argument("run_id")
 @root_option
+@read_store_option
 @friendly
 def rm(run_id: str, root: str | None) -> None:
     """Delete one run's folder and store records (refused while it runs)."""
@@ -69,6 +74,7 @@ def rm(run_id: str, root: str | None) -> None:
 @click.command()
 @click.argument("run_id")
 @root_option
+@read_store_option
 @friendly
 def cancel(run_id: str, root: str | None) -> None:
     """Stop a running run from another terminal; it ends as interrupted, resumable."""

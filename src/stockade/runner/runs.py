@@ -12,6 +12,8 @@ Must not import the engine or the CLI.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import shutil
 import signal
@@ -20,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from stockade.errors import UserError
+from stockade.errors import InfraError, UserError
 from stockade.runner.status import AttemptStatus, ItemStatus, RunStatus
 from stockade.store.base import ItemRecord, RunRecord, Store
 from stockade.workspace.layout import RunDir
@@ -230,9 +232,29 @@ def remove_run(store: Store, record: RunRecord) -> None:
         raise UserError(f"run {record.run_id} is running; `stockade cancel {record.run_id}` "
                         "it first")
     path = run_path(record)
+    # Renamed away first, in one step: a removal that fails part way (a
+    # read-only root) leaves no half-deleted run that the store still lists.
+    trash = path.with_name(f"{TRASH}{record.run_id}")
     if path.exists():
-        shutil.rmtree(path)
+        try:
+            os.rename(path, trash)
+        except OSError as exc:
+            raise InfraError(f"cannot delete run {record.run_id}: {path}: {exc.strerror}; "
+                             "nothing was deleted") from None
     store.delete_run(record.run_id)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+#: The name a run's folder takes while it is deleted (``gc`` sweeps leftovers).
+TRASH = ".deleting-"
+
+
+def sweep_trash(runs_dir: Path) -> None:
+    """Finish deletions a killed ``gc`` or ``rm`` left (``runs/.deleting-*``)."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(runs_dir):
+            if entry.name.startswith(TRASH):
+                shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def signal_cancel(record: RunRecord) -> Holder:
@@ -262,13 +284,18 @@ def signal_cancel(record: RunRecord) -> Holder:
 
 
 def parse_age(text: str) -> float:
-    """``30d``, ``12h``, ``45m``, ``90s`` or a number of seconds."""
+    """``30d``, ``12h``, ``45m``, ``90s``: more than nothing, always with its unit
+    (a bare ``30`` meant 30 seconds to gc, and every run older went)."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
     t = text.strip().lower()
-    try:
-        if t and t[-1] in units:
-            return float(t[:-1]) * units[t[-1]]
-        return float(t)
-    except ValueError:
+    age = None
+    if t and t[-1] in units:
+        with contextlib.suppress(ValueError):
+            age = float(t[:-1]) * units[t[-1]]
+    if age is None or not math.isfinite(age):
         raise UserError(f"--older-than {text!r}: use a number with s, m, h, d or w "
-                        "(for example 30d)") from None
+                        "(for example 30d)")
+    if age <= 0:
+        raise UserError(f"--older-than {text!r}: an age must be more than 0 (every run would "
+                        "go); to delete all finished runs, use --keep 0")
+    return age

@@ -10,9 +10,11 @@ Must not import runner, workspace, sandbox or cli.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 from stockade.errors import InfraError
 
@@ -152,8 +154,30 @@ def connect(path: str) -> sqlite3.Connection:
     except (OSError, sqlite3.DatabaseError) as exc:
         if db is not None:
             db.close()
+        if path != ":memory:" and os.path.isfile(path) and _on_read_only(path):
+            return _read_only(path)
         raise InfraError(_unusable(path, exc)) from None
     return db
+
+
+def _on_read_only(path: str) -> bool:
+    """Whether ``path`` is on a read-only filesystem, where SQLite cannot make a
+    WAL store's shared-memory file (and no one can change the store)."""
+    try:
+        return bool(os.statvfs(os.path.dirname(os.path.abspath(path))).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _read_only(path: str) -> sqlite3.Connection:
+    """The store opened for reading only: ``runs``, ``show`` and ``logs`` work on a
+    root mounted read-only (an archive, a snapshot); a write says where and why
+    (``SQLiteStore``). ``immutable``: on a read-only mount no one changes it."""
+    uri = f"file:{quote(os.path.abspath(path))}?immutable=1"
+    try:
+        return sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+    except sqlite3.DatabaseError as exc:
+        raise InfraError(_unusable(path, exc)) from None
 
 
 def _wal(db: sqlite3.Connection) -> None:

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from stockade.errors import InfraError
 from stockade.store._rows import (
     ITEM_COLUMNS,
     dump_json,
@@ -67,7 +68,7 @@ class SQLiteStore(SQLStore):
     ) -> None:
         """Run ``statements`` in one write transaction; a callable is asked for
         them inside it (what they are may depend on what the store holds)."""
-        with self._lock:
+        with self._lock, self._writable():
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 if callable(statements):
@@ -82,12 +83,25 @@ class SQLiteStore(SQLStore):
             self._db.execute("COMMIT")
 
     @contextmanager
+    def _writable(self) -> Iterator[None]:
+        """A store on a read-only filesystem (or a file this user may not
+        write) is named with what to change, not a traceback from sqlite3."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if "readonly" not in str(exc) and "read-only" not in str(exc):
+                raise
+            raise InfraError(f"the run store {self.path} cannot be written ({exc}); make the "
+                             "root writable, or choose another root (--root, $STOCKADE_HOME) "
+                             "or store ($STOCKADE_STORE)") from None
+
+    @contextmanager
     def _durable_tx(self) -> Iterator[sqlite3.Connection]:
         """A write transaction that is on disk when it returns (leases, fences, effects).
 
         ``synchronous`` cannot change inside a transaction, so it is raised around it.
         """
-        with self._lock:
+        with self._lock, self._writable():
             self._db.execute("PRAGMA synchronous=FULL")
             try:
                 self._db.execute("BEGIN IMMEDIATE")
