@@ -658,3 +658,31 @@ def test_every_command_that_reads_runs_takes_store(project: Project, pg_url: str
     alone = project.run("runs", "--root", root)  # the root's own SQLite has none
     assert alone.code == 2 and "no store of its own: their records are in the store they ran " \
         "with (--store URL, $STOCKADE_STORE)" in alone.err, alone.err
+
+
+def test_logs_of_a_large_capture_streams_it(project: Project) -> None:
+    """`logs` read a whole capture into memory before writing a byte (221 MB
+    of RSS for a 200 MB log), and `--stderr` of an item that wrote only
+    stdout read stdout whole to count its lines (520 MB)."""
+    size = 128 << 20
+    wf = project.write("wf.yaml", f"name: big\nsteps:\n  - id: b\n"
+                                  f"    run: head -c {size} /dev/zero | tr '\\\\0' a | fold -w 99\n")
+    assert project.run("run", str(wf), "--run-id", "big1", timeout=300).code == 0
+
+    def peak(*args: str) -> tuple[int, str, str]:
+        """Exit code, stderr, and the command's peak RSS in bytes; stdout is counted."""
+        p = subprocess.Popen(project.cmd(*args), cwd=project.path, env=project.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert p.stdout is not None and p.stderr is not None
+        got = sum(len(chunk) for chunk in iter(lambda: p.stdout.read(1 << 20), b""))  # type: ignore[union-attr]
+        err = p.stderr.read().decode()
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        assert args[-1] == "--stderr" or got == size + size // 99, got
+        return p.returncode, err, usage.ru_maxrss * 1024
+
+    code, _, rss = peak("logs", "big1", "b")
+    assert code == 0 and rss < 100 << 20, rss
+    code, err, rss = peak("logs", "big1", "b", "--stderr")
+    assert code == 0 and rss < 100 << 20, rss
+    assert f"its stdout has {size // 99 + 1} lines" in err, err

@@ -322,13 +322,12 @@ def logs(run_id: str, target: str, attempt: int | None, which: str, root: str | 
     view = history.run_summary(store, record, 0)
     item = find_item(store, record, target, steps=view.step_ids)
     kind = view.kinds.get(item.step, "")
-    data = history.log(store, record, item, which, attempt, kind=kind)
-    sys.stdout.buffer.write(data)
-    if not data:
+    path = history.log(store, record, item, which, attempt, kind=kind)
+    if not _copy_out(path):
         # An empty answer is easy to take for a broken command: say which
         # stream has the output, on stderr so that a pipe still gets nothing.
         other = "stdout" if which == "stderr" else "stderr"
-        lines = len(history.log(store, record, item, other, attempt, kind=kind).splitlines())
+        lines = _count_lines(history.log(store, record, item, other, attempt, kind=kind))
         said = f"{item.step}/{item.label} wrote nothing to {which}"
         if lines:
             again = f" --attempt {attempt}" if attempt is not None else ""
@@ -336,6 +335,36 @@ def logs(run_id: str, target: str, attempt: int | None, which: str, root: str | 
                      f"{record.run_id} {shlex.quote(f'{item.step}/{item.label}')} "
                      f"--{other}{again}")
         click.echo(said, err=True)
+
+
+#: What ``logs`` holds of a capture at a time: it may be gigabytes.
+CHUNK = 1 << 20
+
+
+def _copy_out(path: Path) -> int:
+    """Copy a capture to stdout in pieces; the bytes copied (0: none, or no file)."""
+    copied = 0
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                sys.stdout.buffer.write(chunk)
+                copied += len(chunk)
+    except FileNotFoundError:
+        pass  # stderr is kept only when the attempt wrote any
+    return copied
+
+
+def _count_lines(path: Path) -> int:
+    """Lines in a capture, the last one counted without its newline too."""
+    lines, last = 0, b"\n"
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                lines += chunk.count(b"\n")
+                last = chunk[-1:]
+    except FileNotFoundError:
+        return 0
+    return lines + (last != b"\n")
 
 
 @click.command()

@@ -260,8 +260,10 @@ def _tail(path: Path, lines: int = 10) -> str:
 
 
 def log(store: Store, record: RunRecord, item: ItemRecord, which: str, attempt: int | None,
-        *, kind: str) -> bytes:
-    """The bytes of one attempt's stdout or stderr capture."""
+        *, kind: str) -> Path:
+    """Where one attempt's stdout or stderr capture is (it may not exist: a
+    stream the attempt wrote nothing to has no file). Read it in pieces: a
+    capture may be gigabytes."""
     label = f"{item.step}/{item.label}"
     if kind == "keep":
         raise UserError(f"{label} is an item of a keep: step: a decision evaluated by the "
@@ -285,11 +287,7 @@ def log(store: Store, record: RunRecord, item: ItemRecord, which: str, attempt: 
         have = sorted(set(known) | set(on_disk))
         raise UserError(f"{label} has no attempt {n} "
                         f"(attempts: {', '.join(map(str, have)) or 'none'})")
-    path = idir.stdout(n) if which == "stdout" else idir.stderr(n)
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return b""  # stderr is kept only when the attempt wrote any
+    return idir.stdout(n) if which == "stdout" else idir.stderr(n)
 
 
 def _reused_logs(store: Store, record: RunRecord, item: ItemRecord, label: str) -> str:
