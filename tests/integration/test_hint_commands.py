@@ -148,3 +148,21 @@ def test_the_live_table_prints_keys_and_messages_as_text(message: str) -> None:
         "    | boom",
         "    more: stockade logs h1 'each/c[d]' --stderr",
     ]
+
+
+def test_hints_of_a_run_in_another_root_name_that_root(tmp_path: Path) -> None:
+    """With --root, the printed `stockade logs ...` and `stockade show ...`
+    answered "no run" as typed: they named no root."""
+    (tmp_path / "wf.yaml").write_text(WORKFLOW)
+    other = tmp_path / "other root"
+    result = CliRunner().invoke(cli, ["run", str(tmp_path / "wf.yaml"), "--run-id", "r1",
+                                      "--sandbox", "none", "--root", str(other)],
+                                env={"STOCKADE_HOME": str(tmp_path / "default")})
+    assert result.exit_code == 1, result.stderr
+    [more] = [ln for ln in result.stderr.splitlines() if "more: stockade logs" in ln]
+    [details] = [ln for ln in result.stderr.splitlines() if "details: stockade show" in ln]
+    for text in (more.split("more: stockade ", 1)[1], details.split("details: stockade ", 1)[1]):
+        args = pasted(text)
+        assert args[-2:] == ["--root", str(other)], args
+        again = CliRunner().invoke(cli, args, env={"STOCKADE_HOME": str(tmp_path / "default")})
+        assert again.exit_code == 0, again.stderr

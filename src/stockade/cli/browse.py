@@ -25,6 +25,7 @@ from stockade.cli.main import (
     friendly,
     json_option,
     read_store_option,
+    root_hint,
     root_option,
     store_url,
 )
@@ -93,7 +94,7 @@ def runs(root: str | None, limit: int, status_filter: str | None, workflow: str 
         line = (f"{r.run_id}  {st:<11} {when(r.started_at)}  {duration(d):>8}  "
                 f"{r.workflow}  sandbox: {sandbox}")
         if st is RunStatus.CRASHED:
-            line += f"  (resume: stockade resume {r.run_id})"
+            line += f"  (resume: stockade resume {r.run_id}{root_hint()})"
         click.echo(line)
 
 
@@ -196,9 +197,9 @@ def _print_header(view: history.RunView) -> None:
     click.echo(f"started {when(r.started_at)}  ended {when(r.ended_at)}  "
                f"duration {duration(view.duration)}{resumed}")
     if view.status is RunStatus.CRASHED:
-        click.echo(f"the engine of this run died; resume it with: stockade resume {r.run_id}")
+        click.echo(f"the engine of this run died; resume it with: stockade resume {r.run_id}{root_hint()}")
     elif view.status is RunStatus.INTERRUPTED:
-        click.echo(f"interrupted; resume it with: stockade resume {r.run_id}")
+        click.echo(f"interrupted; resume it with: stockade resume {r.run_id}{root_hint()}")
     if view.vars:
         click.echo("vars: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in view.vars.items()))
     for warning in view.warnings:

@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -80,8 +81,32 @@ def _root(root: str | None) -> Path:
     return Path(root) if root else default_root(os.environ)
 
 
+def _remember_root(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value:
+        ctx.meta[ROOT_META] = value
+    return value
+
+
+#: Where a command's ``--root`` is kept for ``root_hint()``.
+ROOT_META = "stockade.root"
 root_option = click.option("--root", type=click.Path(file_okay=False), default=None,
+                           callback=_remember_root,
                            help="runs folder (default: $STOCKADE_HOME or ./.stockade)")
+
+
+def root_hint() -> str:
+    """`` --root PATH`` for a command printed for the user to run next, when this
+    command's root is not the one that command would find by itself."""
+    ctx = click.get_current_context(silent=True)
+    given = ctx.meta.get(ROOT_META) if ctx is not None else None
+    if not given:
+        return ""
+    from stockade.runner.roots import default_root
+
+    path = Path(given).resolve()
+    return "" if path == default_root(os.environ).resolve() else f" --root {shlex.quote(str(path))}"
+
+
 json_option = click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 
 
@@ -197,17 +222,17 @@ def _finish(result: Any, as_json: bool, t0: float) -> None:
         for m in s.messages[:20]:
             click.echo(f"  {printable(m)}", err=True)
         if len(s.messages) > 20:
-            click.echo(f"  ... and {len(s.messages) - 20} more (stockade show {result.run_id})", err=True)
+            click.echo(f"  ... and {len(s.messages) - 20} more (stockade show {result.run_id}{root_hint()})", err=True)
         total = sum(sum(c.values()) for c in s.items.values())
         retried = sum(s.retries.values())
         extra = f", {retried} {'retry' if retried == 1 else 'retries'}" if retried else ""
         reused = sum(s.reused.values())
         extra += f", {reused} reused" if reused else ""
         click.echo(f"run {result.run_id} {s.status} in {time.monotonic() - t0:.1f}s "
-                   f"({_plural(total, 'item')}{extra}); details: stockade show {result.run_id}",
+                   f"({_plural(total, 'item')}{extra}); details: stockade show {result.run_id}{root_hint()}",
                    err=True)
         if str(s.status) == "interrupted":
-            click.echo(f"resume with: stockade resume {result.run_id}", err=True)
+            click.echo(f"resume with: stockade resume {result.run_id}{root_hint()}", err=True)
     sys.exit({"succeeded": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(str(s.status), EXIT_FAILED))
 
 

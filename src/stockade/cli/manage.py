@@ -13,7 +13,7 @@ import click
 
 from stockade._show import when
 from stockade.cli.browse import _store
-from stockade.cli.main import _root, friendly, read_store_option, root_option
+from stockade.cli.main import _root, friendly, read_store_option, root_hint, root_option
 from stockade.errors import UserError
 from stockade.runner.runs import (
     parse_age,
@@ -91,4 +91,4 @@ def cancel(run_id: str, root: str | None) -> None:
                         f"{CANCEL_WAIT:.0f} s")
     after = store.get_run(record.run_id)
     click.echo(f"run {record.run_id} is {after.status if after else 'gone'}; "
-               f"resume it with: stockade resume {record.run_id}")
+               f"resume it with: stockade resume {record.run_id}{root_hint()}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from stockade._show import lines, printable
+from stockade.cli.main import root_hint
 
 GOOD = ("succeeded", "kept", "reused")
 
@@ -78,7 +79,7 @@ class PlainReporter:
             self._line(f"    | {printable(line)}")
         if tail and self.run_id:
             self._line(f"    more: stockade logs {self.run_id} {shlex.quote(f'{step}/{key}')} "
-                       "--stderr")
+                       f"--stderr{root_hint()}")
 
     def step_finished(self, step: str, status: str, message: str) -> None:
         if status == "skipped":
@@ -170,7 +171,7 @@ class LiveReporter(PlainReporter):
                 self.console.print(f"    | {printable(line)}", markup=False, highlight=False)
             if tail and self.run_id:
                 self.console.print(f"    more: stockade logs {self.run_id} "
-                                   f"{shlex.quote(f'{step}/{key}')} --stderr",
+                                   f"{shlex.quote(f'{step}/{key}')} --stderr{root_hint()}",
                                    markup=False, highlight=False)
 
     def step_finished(self, step: str, status: str, message: str) -> None:
