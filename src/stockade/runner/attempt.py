@@ -264,6 +264,17 @@ def after_interrupt(outcome: Outcome) -> Outcome:
     return outcome
 
 
+def broken(n: int, started: float, exc: BaseException, mask: Callable[[str], str]) -> Outcome:
+    """The outcome of an attempt that an exception ended before it ran: an error
+    the item caused is a refusal (never retried); any other (an OS or
+    infrastructure error) is retryable, and after an interrupt the engine
+    reads it as the interrupt (``after_interrupt``)."""
+    if isinstance(exc, ITEM_ERRORS):
+        return refused(n, started, mask(error_message(exc)))
+    text = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+    return Outcome(AttemptStatus.ERRORED, n, message=mask(text), started_at=started)
+
+
 def refused(n: int, started: float, message: str) -> Outcome:
     """An attempt that could not run as declared and would not run otherwise next time."""
     return Outcome(AttemptStatus.ERRORED, n, message=message, started_at=started, retryable=False)

@@ -22,14 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from stockade.errors import InfraError
-from stockade.runner.attempt import (
-    ITEM_ERRORS,
-    Attempt,
-    Outcome,
-    error_message,
-    os_error_text,
-    refused,
-)
+from stockade.runner.attempt import ITEM_ERRORS, Attempt, Outcome, broken, os_error_text, refused
 from stockade.runner.env import build_env
 from stockade.runner.jobs import AgentSpec, Blob, BlobMismatch, Job, JobResult, blob_of
 from stockade.runner.kinds.process import finish, network_mode, prepare, resources_of
@@ -98,16 +91,7 @@ def _pack_work(work: Path, artifacts: str | None, run_id: str) -> tuple[tuple[Bl
 
 def _failed(attempt: Attempt, started: float, inputs: list[Materialised],
             exc: BaseException) -> Outcome:
-    masker = attempt.run.masker
-    if isinstance(exc, ITEM_ERRORS):
-        outcome = refused(attempt.number, started, masker.text(error_message(exc)))
-    elif isinstance(exc, OSError):
-        outcome = Outcome(AttemptStatus.ERRORED, attempt.number,
-                          message=masker.text(os_error_text(exc)),
-                          started_at=started)
-    else:
-        outcome = Outcome(AttemptStatus.ERRORED, attempt.number, message=masker.text(str(exc)),
-                          started_at=started)
+    outcome = broken(attempt.number, started, exc, attempt.run.masker.text)
     attempt.dirs.end_attempt()
     outcome.ended_at = attempt.clock()
     return attach(attempt, outcome, inputs)

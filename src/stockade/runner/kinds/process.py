@@ -26,14 +26,7 @@ from typing import Any
 
 from stockade.errors import InfraError
 from stockade.expr import compile_template, render_value
-from stockade.runner.attempt import (
-    ITEM_ERRORS,
-    Attempt,
-    Outcome,
-    error_message,
-    os_error_text,
-    refused,
-)
+from stockade.runner.attempt import ITEM_ERRORS, Attempt, Outcome, broken
 from stockade.runner.captures import JailOutput, read_capture
 from stockade.runner.env import Masker, build_env
 from stockade.runner.records import attach
@@ -189,14 +182,8 @@ def in_jail(attempt: Attempt, body: Callable[[list[Materialised]], Outcome]) -> 
     inputs: list[Materialised] = []
     try:
         outcome = body(inputs)
-    except ITEM_ERRORS as exc:
-        outcome = refused(attempt.number, started, masker.text(error_message(exc)))
-    except (InfraError, OSError) as exc:
-        # Infrastructure: retryable, and after an interrupt the engine reads it
-        # as the interrupt (``runner.attempt.after_interrupt``).
-        text = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
-        outcome = Outcome(AttemptStatus.ERRORED, attempt.number, message=masker.text(text),
-                          started_at=started)
+    except (*ITEM_ERRORS, InfraError, OSError) as exc:
+        outcome = broken(attempt.number, started, exc, masker.text)
     finally:
         # No sandbox to keep apart from the next attempt: its scratch may stay.
         attempt.dirs.end_attempt(keep_scratch=not attempt.enforced)
