@@ -165,12 +165,13 @@ def test_agent_steps_are_not_reused_by_default_and_publish_never(project: Projec
     """)
     r = project.run("validate", str(bad))
     assert r.code == 2 and "never taken from an earlier run" in r.err
-    from stockade.runner.reuse import step_reuses
+    from stockade.runner.reuse import not_reused_because
     from stockade.spec.model import Step
 
     agent = Step.model_validate({"id": "a", "agent": {"prompt": "x"}})
-    assert not step_reuses(agent, True)
-    assert step_reuses(agent.model_copy(update={"reuse": True}), True)
+    assert not_reused_because(agent) == "reuse is off for agent: steps unless the step says " \
+        "reuse: true"
+    assert not_reused_because(agent.model_copy(update={"reuse": True})) is None
 
 
 def test_a_changed_secret_value_prevents_reuse_and_is_never_stored(project: Project) -> None:

@@ -139,7 +139,7 @@ def test_why_an_item_ran_again_is_recorded_and_shown(project: Project) -> None:
     assert _origin(sq[0]) is not None and sq[0]["not_reused"] is None
     assert _origin(sq[1]) is None and _origin(sq[2]) is None
     assert sq[1]["not_reused"] == ("an earlier item matched (run w0, sq/#1) but its out/x.txt "
-                                   "no longer matches its sha256")
+                                   "no longer matches the sha256 recorded when it was made")
     assert sq[2]["not_reused"].startswith("no earlier item")
     # The run said so when it passed the earlier item over (items are named
     # by their values: 1, 2, 4).

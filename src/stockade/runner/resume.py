@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from stockade.runner.status import AttemptStatus, ItemStatus
 from stockade.store.base import AttemptRecord, Event, ItemRecord, Store
-from stockade.workspace.artifacts import sha256_file
+from stockade.workspace.artifacts import outputs_problem
 from stockade.workspace.layout import ItemDir, RunDir
 
 
@@ -41,18 +41,11 @@ def verified_items(run: RunDir, store: Store, kinds: dict[str, str],
 
 def unverified(run: RunDir, rec: ItemRecord) -> str | None:
     """Why a succeeded item's recorded outputs no longer stand, or None."""
-    idir = run.item(rec.step, rec.item)
     for a in rec.outputs:
         if a.run_id != run.run_id:
             return f"its record names out/{a.name} of run {a.run_id}"
-        try:
-            if sha256_file(idir.out / a.name) != (a.sha256, a.size):
-                return f"out/{a.name} no longer matches the sha256 recorded when it was made"
-        except FileNotFoundError:
-            return f"out/{a.name} is gone"
-        except OSError as exc:
-            return f"out/{a.name} cannot be read ({exc.strerror or exc})"
-    return None
+    return outputs_problem(run.item(rec.step, rec.item).out,
+                           ((a.name, a.sha256, a.size) for a in rec.outputs))
 
 
 def record_lost_attempts(run_id: str, step: str, index: int, idir: ItemDir, store: Store,

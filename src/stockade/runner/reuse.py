@@ -49,7 +49,7 @@ from stockade.workspace.artifacts import (
     HostTree,
     Output,
     input_bytes,
-    sha256_file,
+    outputs_problem,
 )
 from stockade.workspace.layout import RunDir
 from stockade.workspace.records import InputRecord, OutputRecord, Provenance, SandboxUse
@@ -96,11 +96,6 @@ def not_reused_because(step: Step) -> str | None:
     if step.kind == "agent":
         return "reuse is off for agent: steps unless the step says reuse: true"
     return None
-
-
-def step_reuses(step: Step, run_reuse: bool) -> bool:
-    """Whether ``step``'s items may be taken from earlier runs in a run with reuse on."""
-    return run_reuse and not_reused_because(step) is None
 
 
 def secret_key(root: Path) -> bytes:
@@ -195,15 +190,8 @@ def unverified(candidate: ReuseCandidate) -> str | None:
     """Why a recorded output of the earlier item no longer stands, or None: each is
     there and hashes as recorded."""
     out = RunDir(Path(candidate.root), candidate.run_id).item(candidate.step, candidate.item).out
-    for o in candidate.outputs:
-        try:
-            if sha256_file(out / o.name) != (o.sha256, o.size):
-                return f"its out/{o.name} no longer matches its sha256"
-        except FileNotFoundError:
-            return f"its out/{o.name} is gone"
-        except OSError as exc:
-            return f"its out/{o.name} cannot be read ({exc.strerror or exc})"
-    return None
+    why = outputs_problem(out, ((o.name, o.sha256, o.size) for o in candidate.outputs))
+    return None if why is None else f"its {why}"
 
 
 def decide(candidates: Sequence[ReuseCandidate]) -> ReuseCandidate | str:

@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,21 @@ __all__ = [
     "OutputRefused", "check_input_name", "collect_outputs", "host_file", "host_tree",
     "input_bytes", "materialise", "payload_value", "sha256_file", "to_json_value",
 ]
+
+def outputs_problem(out: Path, outputs: Iterable[tuple[str, str, int]]) -> str | None:
+    """Why recorded outputs ``(name, sha256, size)`` of the folder ``out`` no
+    longer stand (changed, gone, unreadable), or None: each hashes as recorded.
+    What resume keeps and what reuse takes are checked by this one rule."""
+    for name, sha256, size in outputs:
+        try:
+            if sha256_file(out / name) != (sha256, size):
+                return f"out/{name} no longer matches the sha256 recorded when it was made"
+        except FileNotFoundError:
+            return f"out/{name} is gone"
+        except OSError as exc:
+            return f"out/{name} cannot be read ({exc.strerror or exc})"
+    return None
+
 
 def sha256_file(path: str | Path) -> tuple[str, int]:
     """Hash a regular file without following a symlink at ``path``."""
