@@ -395,8 +395,8 @@ def test_done_is_rehashed_on_the_host(tmp_path: Path) -> None:
     assert b.handle("/write/intent", {"tool": "create_file", "path": "x.md"})["ok"]
     (tmp_path / "work" / "x.md").write_text("hi")
     b.handle("/write/done", {"tool": "create_file", "path": "x.md", "sha256": "f" * 64})
-    assert any("differs from the one reported" in p for p in b.state.problems)
-    assert any("without an approved intent" in p for p in b.state.problems)
+    assert any("differs from the one reported" in p for p in b.desk.problems)
+    assert any("without an approved intent" in p for p in b.desk.problems)
 
 
 def test_nothing_is_accepted_after_finish(tmp_path: Path) -> None:
@@ -413,7 +413,7 @@ def test_nothing_is_accepted_after_finish(tmp_path: Path) -> None:
         ]
     assert later == [{"ok": False, "error": "the agent already finished"}] * 4
     assert b.state.finished is not None and b.state.finished["result"] == "REFUTED"
-    assert srv.seen == [] and echoed == [] and b.state.problems == []
+    assert srv.seen == [] and echoed == [] and b.desk.problems == []
     assert [r["event"] for r in transcript(tmp_path)] == ["finish"]
     assert not (tmp_path / "meta" / "writes.jsonl").exists()
 

@@ -82,12 +82,6 @@ def _usage_zero() -> dict[str, int]:
 class BrokerState:
     calls: int = 0
     finished: dict[str, Any] | None = None
-    #: path -> sha256 reported after the write (and confirmed by re-hashing)
-    written: dict[str, str] = field(default_factory=dict)
-    #: path -> bytes before the first tool write (None: did not exist)
-    before: dict[str, bytes | None] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
-    pending: set[str] = field(default_factory=set)
     #: tokens spent by this attempt's calls
     usage: dict[str, int] = field(default_factory=_usage_zero)
     #: why the model side ended the item, when it did
@@ -125,10 +119,9 @@ class Broker:
         self._target = endpoints.resolve(cfg.provider, cfg.model, cfg.endpoint, host_env)
         self._headers = endpoints.headers(cfg.provider, self._target.key)
         self._convo = Conversation(cfg.prompt, cfg.writes, cfg.outputs)
-        st = self.state
-        self._desk = WriteDesk(cfg.work_dir, cfg.tools, cfg.writes, cfg.prompt, cfg.approve,
-                               cfg.interactive, snapshot, recorder, echo, ask, written=st.written,
-                               before=st.before, pending=st.pending, problems=st.problems)
+        #: The writes: what was asked, approved, written and found wrong.
+        self.desk = WriteDesk(cfg.work_dir, cfg.tools, cfg.writes, cfg.prompt, cfg.approve,
+                              cfg.interactive, snapshot, recorder, echo, ask)
         self._omit: set[str] = set()
         self._notes: set[str] = set()
         self._last_body: dict[str, Any] | None = None
@@ -157,9 +150,9 @@ class Broker:
         if route == "/model":
             return self._model(payload)
         if route == "/write/intent":
-            return self._desk.intent(payload)
+            return self.desk.intent(payload)
         if route == "/write/done":
-            return self._desk.done(payload)
+            return self.desk.done(payload)
         if route == "/finish":
             self.state.finished = payload
             self._rec.append("transcript.jsonl", {"event": "finish", **{k: payload.get(k) for k in ("ok", "result", "message", "turns")}, "usage": self.state.usage})
@@ -209,7 +202,7 @@ class Broker:
             if why:
                 return self._fail(why, retryable=False)
             if not reply.tool_calls and cfg.outputs:
-                missing = missing_outputs(cfg.outputs, self.state.written)
+                missing = missing_outputs(cfg.outputs, self.desk.written)
                 if missing:
                     self._convo.add_reply(reply)
                     if not self._reminded and self.state.calls < cfg.max_turns:

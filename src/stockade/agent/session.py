@@ -254,10 +254,10 @@ class AgentSession:
         work = self.job.work_dir.resolve()
         after = gate.snapshot(work)
         changed = set(gate.changed(self._before, after))
-        st = broker.state
-        writes = tuple(sorted(st.written))
-        extras = set(changed - set(st.written))
-        for path, digest in st.written.items():
+        st, desk = broker.state, broker.desk
+        writes = tuple(sorted(desk.written))
+        extras = set(changed - set(desk.written))
+        for path, digest in desk.written.items():
             entry = after.get(path)
             if entry is not None and (entry.kind != "file" or entry.digest != digest):
                 extras.add(path)  # changed again after the tool wrote it
@@ -268,7 +268,7 @@ class AgentSession:
         reasons: list[str] = []
         if extra_paths:
             reasons.append("files changed without the write tools: " + ", ".join(extra_paths))
-        reasons.extend(st.problems)
+        reasons.extend(desk.problems)
         if exit_code is None:
             reasons.append("the agent was stopped (timeout or cancel)")
         elif exit_code != 0 and not fin.get("message"):
@@ -281,7 +281,7 @@ class AgentSession:
         elif not fin.get("ok"):
             reasons.append(str(fin.get("message") or "the agent failed"))
         self.diff = "".join(
-            patch.unified(p, st.before.get(p), (work / p).read_bytes() if (work / p).is_file() else None)
+            patch.unified(p, desk.before.get(p), (work / p).read_bytes() if (work / p).is_file() else None)
             for p in writes
             if p not in extras
         )
