@@ -164,12 +164,17 @@ def _rlimits(req: dict[str, Any]) -> list[tuple[int, int]]:
     out = [(int(which), int(value)) for which, value in req.get("limits") or ()]
     if req.get("nproc") is not None:
         counted = req["uid"] if req["uid"] is not None else os.getuid()
-        value = _count_processes(counted) + int(req["nproc"])
-        # Never above the hard limit, which this process cannot raise.
-        hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
-        out.append((resource.RLIMIT_NPROC,
-                    value if hard == resource.RLIM_INFINITY else min(value, hard)))
+        out.append((resource.RLIMIT_NPROC, nproc_limit(counted, int(req["nproc"]))))
     return out
+
+
+def nproc_limit(uid: int, share: int) -> int:
+    """RLIMIT_NPROC for a jail of ``uid`` that may start ``share`` processes:
+    it counts every process of the uid, so the current count plus the share,
+    and never above the hard limit, which no unprivileged process can raise."""
+    value = _count_processes(uid) + share
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    return value if hard == resource.RLIM_INFINITY else min(value, hard)
 
 
 def _resolve(argv0: str, env: dict[str, str]) -> str:

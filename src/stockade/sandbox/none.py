@@ -28,8 +28,8 @@ from typing import IO, Literal
 
 from stockade.errors import InfraError
 from stockade.sandbox import _direct, _lifetime
-from stockade.sandbox._forkserver import _count_processes
-from stockade.sandbox._host import hard_limit, within_hard_limits
+from stockade.sandbox._forkserver import nproc_limit
+from stockade.sandbox._host import within_hard_limits
 from stockade.sandbox._launch import base_rlimits, ulimit_prefix
 from stockade.sandbox._popen import PopenJail
 from stockade.sandbox._spawner import HelperPool, HelperRunning, fileno
@@ -70,9 +70,7 @@ def rlimits(resources: Resources, *, pids_limited: bool) -> list[tuple[int, int]
     and only where no pids cgroup holds the exact limit; root is exempt."""
     out = base_rlimits(resources)
     if resources.processes is not None and not pids_limited and os.geteuid() != 0:
-        counted = _count_processes(os.getuid()) + resources.processes
-        hard = hard_limit(resource.RLIMIT_NPROC)
-        out.append((resource.RLIMIT_NPROC, counted if hard is None else min(counted, hard)))
+        out.append((resource.RLIMIT_NPROC, nproc_limit(os.getuid(), resources.processes)))
     return out
 
 
