@@ -323,12 +323,12 @@ def logs(run_id: str, target: str, attempt: int | None, which: str, root: str | 
     view = history.run_summary(store, record, 0)
     item = find_item(store, record, target, steps=view.step_ids)
     kind = view.kinds.get(item.step, "")
-    path = history.log(store, record, item, which, attempt, kind=kind)
+    path = history.log_path(store, record, item, which, attempt, kind=kind)
     if not _copy_out(path):
         # An empty answer is easy to take for a broken command: say which
         # stream has the output, on stderr so that a pipe still gets nothing.
         other = "stdout" if which == "stderr" else "stderr"
-        lines = _count_lines(history.log(store, record, item, other, attempt, kind=kind))
+        lines = _count_lines(history.log_path(store, record, item, other, attempt, kind=kind))
         said = f"{item.step}/{item.label} wrote nothing to {which}"
         if lines:
             again = f" --attempt {attempt}" if attempt is not None else ""

@@ -259,8 +259,8 @@ def _tail(path: Path, lines: int = 10) -> str:
     return "\n".join(data.decode("utf-8", errors="replace").rstrip("\n").split("\n")[-lines:])
 
 
-def log(store: Store, record: RunRecord, item: ItemRecord, which: str, attempt: int | None,
-        *, kind: str) -> Path:
+def log_path(store: Store, record: RunRecord, item: ItemRecord, which: str,
+             attempt: int | None, *, kind: str) -> Path:
     """Where one attempt's stdout or stderr capture is (it may not exist: a
     stream the attempt wrote nothing to has no file). Read it in pieces: a
     capture may be gigabytes."""
