@@ -617,6 +617,10 @@ def test_a_read_only_root_is_read_and_refused_for_writes_in_one_line(project: Pr
         assert project.run("run", str(wf), "--run-id", rid, "--root", str(root)).code == 0
     listed = _read_only(project, root, "runs", "--json")
     assert listed.code == 0 and [r["run_id"] for r in json.loads(listed.out)] == ["old-2", "old-1"]
+    shown = _read_only(project, root, "show", "old-1", "a/0", "--json")
+    assert shown.code == 0 and json.loads(shown.out)["item"]["status"] == "succeeded", shown.err
+    logs = _read_only(project, root, "logs", "old-1", "a/0")
+    assert logs.code == 0, logs.err
     ran = _read_only(project, root, "run", str(wf))
     assert ran.code == 2 and "Traceback" not in ran.err, ran.err
     assert "cannot be written" in ran.err or "Read-only file system" in ran.err, ran.err
