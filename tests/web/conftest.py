@@ -138,6 +138,12 @@ def release(project: Project, run_id: str, step: str, index: int) -> None:
     (work / "release").write_text("go\n")
 
 
+def gates_started(project: Project, run_id: str) -> None:
+    """Every item of ``GATED``'s gate step has begun its first attempt."""
+    for i in range(3):
+        wait_for((project.item(run_id, "gate", i) / "work").is_dir, f"gate/#{i} to start")
+
+
 #: Items that print, wait for ``release`` in their work folder (first attempt
 #: only, so a resumed run finishes), print again and write an output.
 GATED = """\

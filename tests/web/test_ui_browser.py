@@ -22,7 +22,7 @@ from stockade.store.sqlite import SQLiteStore
 from stockade.web.live import RunTicker
 from stockade.web.model import SPAN_LIMIT, Folds, Reuse
 from tests.integration.conftest import Project
-from tests.web.conftest import GATED, UIProcess, release, wait_for
+from tests.web.conftest import GATED, UIProcess, gates_started, release, wait_for
 
 WAIT_MS = 60_000
 
@@ -66,8 +66,7 @@ def test_live_run_updates_without_reload(project: Project, start_ui: Any, page: 
     wf = project.write("gated.yaml", GATED)
     proc = project.popen("run", str(wf), "--run-id", "live1", "--jobs", "3")
     try:
-        for i in range(3):
-            wait_for((project.item("live1", "gate", i) / "work").is_dir, f"gate/#{i} to start")
+        gates_started(project, "live1")
         ui: UIProcess = start_ui()
         page.goto(ui.url + "/runs/live1")
         page.wait_for_function("() => document.querySelector('#conn').textContent === 'live'",
@@ -139,8 +138,7 @@ def test_step_page_live_rows_and_runs_list(project: Project, start_ui: Any, page
         # A run that started after the page was drawn appears in the list by itself.
         runs.wait_for_selector('tr[data-run="live2"]', timeout=WAIT_MS)
         assert runs.inner_text('tr[data-run="live2"] [data-f="status"]').strip() == "running"
-        for i in range(3):
-            wait_for((project.item("live2", "gate", i) / "work").is_dir, f"gate/#{i} to start")
+        gates_started(project, "live2")
         page.goto(ui.url + "/runs/live2/gate")
         page.wait_for_function("() => document.querySelector('#conn').textContent === 'live'",
                                timeout=WAIT_MS)
@@ -281,8 +279,7 @@ def test_crashed_run_shown_as_crashed_and_resumed(project: Project, start_ui: An
     proc = project.popen("run", str(wf), "--run-id", "crash1", "--jobs", "3")
     # Every gated item must have begun its first attempt before the engine dies:
     # one that had not would run attempt 1 again on resume and wait for ever.
-    for i in range(3):
-        wait_for((project.item("crash1", "gate", i) / "work").is_dir, f"gate/#{i} to start")
+    gates_started(project, "crash1")
     os.killpg(proc.pid, signal.SIGKILL)  # the engine dies however it dies
     proc.wait()
     ui: UIProcess = start_ui("--allow-actions")

@@ -13,7 +13,7 @@ from typing import Any
 from stockade.store.base import AttemptRecord
 from stockade.store.sqlite import SQLiteStore
 from tests.integration.conftest import Project
-from tests.web.conftest import GATED, UIProcess, release, wait_for
+from tests.web.conftest import GATED, UIProcess, gates_started, release
 from tests.web.test_ui_browser import WAIT_MS, big_run
 
 W1 = {"name": "w1", "address": "tcp://10.0.0.5:40001", "host": "node-a", "backend": "bwrap",
@@ -61,8 +61,7 @@ def test_a_worker_recorded_while_the_page_is_open_appears(project: Project, star
     wf = project.write("gated.yaml", GATED)
     proc = project.popen("run", str(wf), "--run-id", "live2", "--jobs", "3")
     try:
-        for i in range(3):
-            wait_for((project.item("live2", "gate", i) / "work").is_dir, f"gate/#{i} to start")
+        gates_started(project, "live2")
         ui: UIProcess = start_ui()
         page.goto(ui.url + "/runs/live2/gate/alpha")
         page.wait_for_function("() => document.querySelector('#conn').textContent === 'live'",
