@@ -273,6 +273,20 @@ def test_network_open_and_the_schedulers_host_are_refused_on_dask(project: Proje
         "may reach '*.corp.example:8786', the Dask scheduler's host" in lines[1], lines
     assert len(lines) == 2
     assert not (project.root / "runs").exists() or not list((project.root / "runs").iterdir())
+    # By address: the proxy lets a loopback or private address through when an
+    # entry names it as an IP literal, and a name may resolve to the scheduler.
+    project.write("wf.yaml", f"""
+        name: net
+        steps:
+          - id: c
+            network: ["127.0.0.1:{port}", api.example.com]
+            run: echo hi
+    """)
+    r = project.run("run", "wf.yaml", "--executor", f"dask://localhost:{port}")
+    assert r.code == 2 and r.out == "", r.err
+    [line] = r.err.splitlines()
+    assert line.startswith("wf.yaml:5:") and \
+        f"may reach '127.0.0.1:{port}', the Dask scheduler's host" in line, line
 
 
 def test_a_job_past_its_timeout_is_killed_on_the_worker(tmp_path: Path, monkeypatch: Any) -> None:

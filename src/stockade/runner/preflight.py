@@ -18,7 +18,9 @@ Reads the disk and the environment; must not import the engine or the CLI.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -103,10 +105,12 @@ def check(spec: Spec, base: Path, env: Mapping[str, str] | None,
 def remote_problems(spec: Spec, url: str) -> list[Problem]:
     """What a run on the Dask cluster at ``url`` must not do: reach its
     scheduler, which runs any client's code on every worker, outside any jail.
-    ``network: open`` reaches it; an allowlist may name its host (the proxy
-    refuses private and loopback addresses whatever the list says, so a
-    scheduler on a public address is what is left)."""
+    ``network: open`` reaches it. An allowlist entry reaches it when it names
+    the scheduler's host or one of its addresses (the proxy lets a private or
+    loopback address through when an entry names it as an IP literal), or
+    names a host that resolves to one of them."""
     host = (urlparse(url).hostname or "").lower()
+    scheduler = _addresses(host)
     problems = []
     for i, step in enumerate(spec.workflow.steps):
         if step.network == "open":
@@ -119,13 +123,31 @@ def remote_problems(spec: Spec, url: str) -> list[Problem]:
         elif isinstance(step.network, list):
             for j, pattern in enumerate(step.network):
                 name = pattern.rsplit(":", 1)[0].lower()
-                if host and (name == host or (name.startswith("*.") and host.endswith(name[1:]))):
+                named = host and (name == host or (name.startswith("*.")
+                                                   and host.endswith(name[1:])))
+                if named or (not name.startswith("*.") and scheduler & _addresses(name)):
                     problems.append(Problem(
                         spec.filename, *spec.position("steps", i, "network", j),
                         f"step {step.id!r} may reach {pattern!r}, the Dask scheduler's host, "
                         "which runs any client's code on every worker, outside any jail; "
                         "leave it out"))
     return problems
+
+
+def _addresses(host: str) -> set[str]:
+    """The IP addresses ``host`` names (itself, for an IP literal); none when it
+    does not resolve (then the proxy cannot reach it either)."""
+    if not host:
+        return set()
+    try:
+        return {str(ipaddress.ip_address(host))}
+    except ValueError:
+        pass
+    try:
+        return {str(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]))
+                for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+    except (OSError, ValueError):
+        return set()
 
 
 def _literal_keys_problem(step: Step) -> str | None:
